@@ -1,0 +1,40 @@
+"""sqla-outbox: a transactional outbox for SQLAlchemy.
+
+``outbox.enqueue(session, job, input)`` stages a job in the same database transaction as the
+business rows; a :class:`Relay` publishes committed rows afterwards, at least once, in order, each
+with an idempotency key a consumer can deduplicate on.
+"""
+
+from sqla_outbox.engines import create_engine
+from sqla_outbox.errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    MissingTableError,
+    OutboxError,
+    PublisherError,
+    StagingError,
+)
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.model import TABLE_NAME, OutboxRow, metadata
+from sqla_outbox.publishers import Publisher
+from sqla_outbox.relay import PassResult, Relay
+from sqla_outbox.staging import enqueue, staged
+
+__all__ = [
+    "TABLE_NAME",
+    "ArgumentTypeError",
+    "ConfigurationError",
+    "MissingTableError",
+    "OutboxError",
+    "OutboxMessage",
+    "OutboxRow",
+    "PassResult",
+    "Publisher",
+    "PublisherError",
+    "Relay",
+    "StagingError",
+    "create_engine",
+    "enqueue",
+    "metadata",
+    "staged",
+]

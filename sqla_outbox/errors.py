@@ -1,0 +1,47 @@
+"""The exceptions the library raises on purpose.
+
+Every message is written for the person who has to fix it: what is wrong, the offending value
+(quoted with ``!r``), and what to do instead. The CLI prints them as they are, without a
+traceback, so a message that needs a traceback to be understood is a bug in the message.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentTypeError",
+    "ConfigurationError",
+    "MissingTableError",
+    "OutboxError",
+    "PublisherError",
+    "StagingError",
+]
+
+
+class OutboxError(Exception):
+    """Base of every error sqla-outbox raises deliberately; catch it to catch them all."""
+
+
+class ConfigurationError(OutboxError, ValueError):
+    """An option has a value the library cannot honour (a lease of zero, a bad batch size).
+
+    It is also a ``ValueError`` so callers validating arguments the standard way catch it.
+    """
+
+
+class ArgumentTypeError(OutboxError, TypeError):
+    """An argument has the wrong type (input that is not JSON, a job that is not a name).
+
+    It is also a ``TypeError``, which is what Python code expects for a wrong type.
+    """
+
+
+class StagingError(OutboxError):
+    """``enqueue`` was called where no transaction can carry the message."""
+
+
+class MissingTableError(OutboxError):
+    """The database is reachable but has no outbox table: the migration has not been run."""
+
+
+class PublisherError(OutboxError):
+    """A publisher spec cannot be turned into a publisher (bad import path, missing extra)."""

@@ -1,0 +1,53 @@
+"""``OutboxMessage``: the immutable record ``enqueue`` returns and a publisher receives.
+
+It is deliberately not the ORM row. A publisher must not be able to change what was committed,
+and a message staged in a transaction that has not committed yet has no row to point at.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["OutboxMessage"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """One job, as staged and as published.
+
+    ``idempotency_key`` is what a consumer deduplicates on: the relay publishes at least once, so
+    a message can arrive twice after a crash between publish and mark, always with the same key.
+    ``traceparent`` is the W3C trace context of the span that enqueued it, so the job's own span
+    can name the request that caused it as its parent.
+    """
+
+    id: uuid.UUID
+    job: str
+    queue: str
+    input: Any
+    idempotency_key: str
+    max_attempts: int
+    run_at: dt.datetime
+    staged_at: dt.datetime
+    tenant_id: str | None = None
+    traceparent: str | None = None
+    enqueued_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (ids and timestamps as strings), for publishers that serialise."""
+        return {
+            "id": str(self.id),
+            "job": self.job,
+            "queue": self.queue,
+            "input": self.input,
+            "idempotency_key": self.idempotency_key,
+            "max_attempts": self.max_attempts,
+            "run_at": self.run_at.isoformat(),
+            "staged_at": self.staged_at.isoformat(),
+            "tenant_id": self.tenant_id,
+            "traceparent": self.traceparent,
+            "enqueued_by": self.enqueued_by,
+        }

@@ -1,0 +1,222 @@
+"""Every statement sqla-outbox runs, built with SQLAlchemy Core from the mapped table.
+
+One named function per statement, so the SQL can be read in one place, pinned by unit tests
+(compile a claim for PostgreSQL and look for ``FOR UPDATE SKIP LOCKED``), and honours the
+table's schema. Nothing here executes anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Insert,
+    Interval,
+    Select,
+    Table,
+    Text,
+    Update,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    null,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.model import OutboxRow, UTCDateTime
+
+__all__ = [
+    "MESSAGE_FIELDS",
+    "claim_stmt",
+    "claims_stmt",
+    "mark_published_stmt",
+    "pending_stmt",
+    "release_stmt",
+    "stage_rows",
+    "stage_stmt",
+    "status_stmt",
+]
+
+outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
+
+_STAGE = insert(outbox_table)
+
+
+def stage_stmt() -> Insert:
+    """The INSERT that writes staged messages; executed with a list of rows (executemany)."""
+    return _STAGE
+
+
+def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
+    """Parameter rows for :func:`stage_stmt`, one per message, in the messages' order."""
+    return [
+        {
+            "id": m.id,
+            "job": m.job,
+            "queue": m.queue,
+            "input": m.input,
+            "idempotency_key": m.idempotency_key,
+            "max_attempts": m.max_attempts,
+            "run_at": m.run_at,
+            "staged_at": m.staged_at,
+            "tenant_id": m.tenant_id,
+            "traceparent": m.traceparent,
+            "enqueued_by": m.enqueued_by,
+        }
+        for m in messages
+    ]
+
+
+# --- the relay's statements --------------------------------------------------------------------
+#
+# Each takes the dialect name because "now" differs: on PostgreSQL it is the database's clock
+# (``now()``), so every relay host compares leases against one clock whatever its own drifts;
+# SQLite has no server and a single host, so the relay passes its own UTC time as ``:now``.
+
+_MESSAGE_COLUMNS = (
+    outbox_table.c.id,
+    outbox_table.c.job,
+    outbox_table.c.queue,
+    outbox_table.c.input,
+    outbox_table.c.idempotency_key,
+    outbox_table.c.max_attempts,
+    outbox_table.c.run_at,
+    outbox_table.c.staged_at,
+    outbox_table.c.tenant_id,
+    outbox_table.c.traceparent,
+    outbox_table.c.enqueued_by,
+)
+MESSAGE_FIELDS = tuple(column.name for column in _MESSAGE_COLUMNS)
+"""The columns a claim returns, in :class:`OutboxMessage` field order."""
+
+
+def _now(dialect: str) -> ColumnElement[dt.datetime]:
+    if dialect == "postgresql":
+        return func.now()
+    return bindparam("now", type_=UTCDateTime())
+
+
+def _lease_cutoff(dialect: str) -> ColumnElement[dt.datetime]:
+    # A claim taken before this instant has lapsed. SQLite cannot subtract an interval from
+    # its text timestamps, so there the relay computes the instant itself.
+    if dialect == "postgresql":
+        return func.now() - bindparam("lease", type_=Interval())
+    return bindparam("cutoff", type_=UTCDateTime())
+
+
+def _unpublished() -> ColumnElement[bool]:
+    return outbox_table.c.published_at.is_(None)
+
+
+def claim_stmt(dialect: str) -> Update:
+    """Lease up to ``:limit`` due, unpublished, unclaimed-or-lapsed rows, in claim order.
+
+    One statement locks and stamps: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
+    LOCKED)``. A SELECT that only locked would release its locks when its autocommit statement
+    ended, and two relays polling a moment apart would both take the same rows. ``SKIP LOCKED``
+    keeps concurrent relays from queueing behind each other. SQLite has no row locks; there the
+    relay runs this under ``BEGIN IMMEDIATE``, the database-wide write lock. RETURNING order is
+    not guaranteed, so callers sort the rows by ``(staged_at, id)``.
+
+    Parameters: ``limit``, ``token``; ``lease`` (a ``timedelta``) on PostgreSQL, ``now`` and
+    ``cutoff`` (``now - lease``) on SQLite.
+    """
+    now = _now(dialect)
+    lapsed = outbox_table.c.claimed_at < _lease_cutoff(dialect)
+    claimable = (
+        select(outbox_table.c.id)
+        .where(
+            _unpublished(),
+            outbox_table.c.run_at <= now,
+            or_(outbox_table.c.claimed_at.is_(None), lapsed),
+        )
+        .order_by(outbox_table.c.staged_at, outbox_table.c.id)
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+    )
+    return (
+        update(outbox_table)
+        .where(outbox_table.c.id.in_(claimable.scalar_subquery()))
+        .values(claimed_by=bindparam("token"), claimed_at=now)
+        .returning(*_MESSAGE_COLUMNS)
+    )
+
+
+def _fenced() -> ColumnElement[bool]:
+    # The fence: only the claim that stamped ``token`` may change these rows. A relay that stalled
+    # past its lease finds another claim's token there, and its update touches nothing.
+    return and_(outbox_table.c.claimed_by == bindparam("token"), _unpublished())
+
+
+def mark_published_stmt(dialect: str) -> Update:
+    """Mark the claim's rows up to and including ``(:last_staged_at, :last_id)`` published.
+
+    Rows are published in claim order, so the published ones are always a prefix of the claim;
+    a bound on the sort key names that prefix in two parameters instead of a list of ids.
+    ``rowcount`` below the number published means part of the claim was lost to another relay.
+    """
+    upto = tuple_(outbox_table.c.staged_at, outbox_table.c.id) <= tuple_(
+        bindparam("last_staged_at", type_=UTCDateTime()),
+        bindparam("last_id", type_=outbox_table.c.id.type),
+    )
+    return update(outbox_table).where(_fenced(), upto).values(published_at=_now(dialect))
+
+
+def release_stmt() -> Update:
+    """Hand the claim's unpublished rows back at once; record a failure on ``:failed_id``.
+
+    Without it the rows a failed pass held would wait out the whole lease. ``:failed_id`` may
+    be ``None`` (a graceful stop mid-pass), in which case no attempt is recorded.
+    """
+    failed = outbox_table.c.id == bindparam("failed_id", type_=outbox_table.c.id.type)
+    return (
+        update(outbox_table)
+        .where(_fenced())
+        .values(
+            claimed_by=null(),
+            claimed_at=null(),
+            attempts=outbox_table.c.attempts + case((failed, 1), else_=0),
+            last_error=case(
+                (failed, bindparam("error", type_=Text())), else_=outbox_table.c.last_error
+            ),
+        )
+    )
+
+
+def pending_stmt() -> Select[int]:
+    """How many committed rows are not yet published."""
+    return select(func.count()).select_from(outbox_table).where(_unpublished())
+
+
+def status_stmt(dialect: str) -> Select[int, int, Any, int]:
+    """Pending, due, oldest pending ``staged_at`` and rows with failed attempts, in one query."""
+    now = _now(dialect)
+    unpublished = _unpublished()
+    return select(
+        func.count().filter(unpublished).label("pending"),
+        func.count().filter(and_(unpublished, outbox_table.c.run_at <= now)).label("due"),
+        func.min(outbox_table.c.staged_at).filter(unpublished).label("oldest_staged_at"),
+        func.count().filter(and_(unpublished, outbox_table.c.attempts > 0)).label("failing"),
+    ).select_from(outbox_table)
+
+
+def claims_stmt() -> Select[str | None, int, Any]:
+    """Claims holding unpublished rows, per fence token: token, rows ``held``, ``claimed_at``."""
+    return (
+        select(
+            outbox_table.c.claimed_by,
+            func.count().label("held"),
+            func.min(outbox_table.c.claimed_at).label("claimed_at"),
+        )
+        .where(_unpublished(), outbox_table.c.claimed_by.is_not(None))
+        .group_by(outbox_table.c.claimed_by)
+        .order_by(outbox_table.c.claimed_by)
+    )

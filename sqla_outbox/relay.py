@@ -1,0 +1,416 @@
+"""The relay: claim committed rows, publish them in order, mark them published, fenced.
+
+A pass is three short transactions with the publishing in between, outside any transaction:
+
+1. **Claim** (one statement, see :func:`~sqla_outbox.queries.claim_stmt`): lease up to
+   ``batch_size`` due rows in claim order, stamping ``claimed_by`` with a fence token minted for
+   *this claim* (``<relay_id>:<random>``) and ``claimed_at`` with the database's clock.
+2. **Publish** each message in claim order. The first failure stops the pass: a later message
+   must never overtake an earlier one that has not gone out (a ``charge_card`` staged after
+   ``create_invoice`` must not run first). A poisoned row therefore holds up the rows behind it,
+   visibly, in ``pending()`` and ``sqla-outbox status``; that is the price of order.
+3. **Mark and release** (one transaction): the published prefix is marked published and the
+   rest of the claim is handed back at once, recording the error on the row that failed, so the
+   rest is claimable immediately rather than after the lease.
+
+Every update after the claim is fenced on the claim's token. A relay that stalls past its lease
+(GC pause, stuck broker call) wakes into a world where another relay has reclaimed its rows;
+its late mark or release then matches nothing and is logged as a lost claim, instead of
+retiring rows the other relay has not published yet or freeing rows it is publishing. Because
+the token is per claim, even a relay that reclaims its own lapsed rows is fenced from its past.
+
+Delivery is at least once: a relay killed between publish and mark leaves rows that another
+relay publishes again after the lease. Consumers deduplicate on ``idempotency_key``.
+
+``claim_lease`` bounds only how long a dead relay's rows wait; all relays of a deployment must
+share one lease (a relay with a shorter lease would steal live claims of the others).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import SQLAlchemyError
+
+from sqla_outbox import queries
+from sqla_outbox.engines import create_engine, hide_password
+from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.logs import log_event
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.publishers import PublisherLike, publish_function
+from sqla_outbox.schema_errors import missing_table_error, raise_if_missing_table
+from sqla_outbox.settings import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CLAIM_LEASE,
+    DEFAULT_POLL_INTERVAL,
+    resolve_batch_size,
+    resolve_claim_lease,
+    resolve_poll_interval,
+)
+
+__all__ = ["PassResult", "Relay"]
+
+log = logging.getLogger("sqla_outbox.relay")
+
+MAX_BACKOFF = 30.0
+"""Seconds, the longest the loop waits between retries after a database error."""
+
+_MAX_RELAY_ID = 200  # leaves room for ":<token>" in the 255-character claimed_by column
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one pass (or a drain of several) did."""
+
+    claimed: int = 0
+    published: int = 0
+    failed: bool = False
+    """True if a publish failed (the rest of that claim was handed back)."""
+
+    def __add__(self, other: PassResult) -> PassResult:
+        return PassResult(
+            self.claimed + other.claimed,
+            self.published + other.published,
+            self.failed or other.failed,
+        )
+
+
+def _relay_engine(bind: Engine | str | URL) -> Engine:
+    if isinstance(bind, Engine):
+        url = bind.url
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return bind
+        # A claim on SQLite must hold the write lock from its first statement (BEGIN
+        # IMMEDIATE); rather than add listeners to the caller's engine, use one of our own.
+        bind = url
+    if isinstance(bind, (str, URL)):
+        try:
+            return create_engine(bind, immediate=True)
+        except (sa.exc.ArgumentError, ValueError) as error:
+            raise ConfigurationError(
+                f"bind {hide_password(bind)!r} is not a usable database URL ({error}). "
+                "Pass an Engine or a URL such as postgresql+psycopg://user@host/db."
+            ) from error
+    raise ConfigurationError(f"bind must be an Engine or a database URL, got {bind!r}.")
+
+
+def _resolve_relay_id(relay_id: str | None) -> str:
+    if relay_id is None:
+        return f"relay-{uuid.uuid4()}"
+    if not isinstance(relay_id, str) or not relay_id or len(relay_id) > _MAX_RELAY_ID:
+        raise ConfigurationError(
+            f"relay_id must be a non-empty string of at most {_MAX_RELAY_ID} characters, "
+            f"got {relay_id!r}. Omit it for a unique relay-<uuid4>."
+        )
+    return relay_id
+
+
+class Relay:
+    """Publishes committed outbox rows, at least once, in claim order.
+
+    Run several for throughput and availability: claims use ``SKIP LOCKED`` so relays never wait
+    for each other, and fenced updates make a stalled relay harmless. See the module docs.
+
+    :param bind: an ``Engine`` or a database URL.
+    :param publisher: a callable taking one :class:`OutboxMessage`, or an object with
+        ``publish(message)``; raising means "not published".
+    :param batch_size: rows per claim.
+    :param poll_interval: seconds between passes when there is nothing to do.
+    :param claim_lease: seconds (or ``timedelta``) a claim stays this relay's; must be positive
+        and finite, and the same for every relay of a deployment.
+    :param relay_id: readable id, shown in ``claimed_by`` and logs; default ``relay-<uuid4>``.
+    """
+
+    def __init__(
+        self,
+        bind: Engine | str | URL,
+        publisher: PublisherLike,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        claim_lease: float | dt.timedelta = DEFAULT_CLAIM_LEASE,
+        relay_id: str | None = None,
+    ) -> None:
+        self.batch_size = resolve_batch_size(batch_size)
+        self.poll_interval = resolve_poll_interval(poll_interval)
+        self.claim_lease = resolve_claim_lease(claim_lease)
+        self.relay_id = _resolve_relay_id(relay_id)
+        self.publisher = publisher
+        self._publish = publish_function(publisher)
+        self.engine = _relay_engine(bind)
+        self._owns_engine = self.engine is not bind
+        self._dialect = self.engine.dialect.name
+        self._claim = queries.claim_stmt(self._dialect)
+        self._mark = queries.mark_published_stmt(self._dialect)
+        self._release = queries.release_stmt()
+        self._pass_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<Relay {self.relay_id} on {hide_password(self.engine.url)}>"
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Run one pass and return how many messages it published.
+
+        A publisher failure is logged and recorded on the row, not raised; a database error is
+        raised (the background loop retries it with backoff).
+        """
+        return self.run_pass().published
+
+    def run_pass(self) -> PassResult:
+        """One pass, with what it claimed and whether a publish failed."""
+        with self._pass_lock:
+            token = f"{self.relay_id}:{secrets.token_hex(8)}"
+            messages = self._claim_rows(token)
+            if not messages:
+                return PassResult()
+            published, failure = self._publish_in_order(messages)
+            self._settle(token, messages, published, failure)
+            return PassResult(len(messages), published, failure is not None)
+
+    def drain(self) -> PassResult:
+        """Run passes until nothing due is left or a publish fails; the sum of what they did."""
+        total = PassResult()
+        while not self._stopping.is_set():
+            result = self.run_pass()
+            total += result
+            if result.failed or result.claimed < self.batch_size:
+                break
+        return total
+
+    def _params(self, **params: Any) -> dict[str, Any]:
+        if self._dialect != "postgresql":
+            now = dt.datetime.now(dt.timezone.utc)
+            params["now"] = now
+            if "lease" in params:
+                params["cutoff"] = now - params.pop("lease")
+        return params
+
+    def _claim_rows(self, token: str) -> list[OutboxMessage]:
+        params = self._params(limit=self.batch_size, lease=self.claim_lease, token=token)
+        with self._transaction() as conn:
+            rows = conn.execute(self._claim, params).all()
+        messages = [OutboxMessage(*row) for row in rows]
+        messages.sort(key=lambda m: (m.staged_at, m.id))
+        return messages
+
+    def _publish_in_order(
+        self, messages: list[OutboxMessage]
+    ) -> tuple[int, tuple[OutboxMessage, BaseException] | None]:
+        published = 0
+        for message in messages:
+            if self._stopping.is_set():
+                break  # a graceful stop: mark what went out, hand back the rest
+            try:
+                self._publish(message)
+            except Exception as error:
+                return published, (message, error)
+            published += 1
+        return published, None
+
+    def _settle(
+        self,
+        token: str,
+        messages: list[OutboxMessage],
+        published: int,
+        failure: tuple[OutboxMessage, BaseException] | None,
+    ) -> None:
+        remaining = len(messages) - published
+        with self._transaction() as conn:
+            if published:
+                last = messages[published - 1]
+                params = self._params(token=token, last_staged_at=last.staged_at, last_id=last.id)
+                marked = conn.execute(self._mark, params).rowcount
+                if marked != published:
+                    self._log_lost_claim(token, "mark", expected=published, touched=marked)
+            if remaining:
+                failed, error = failure if failure else (None, None)
+                params = {
+                    "token": token,
+                    "failed_id": failed.id if failed else None,
+                    "error": f"{type(error).__name__}: {error}"[:2000] if error else None,
+                }
+                released = conn.execute(self._release, params).rowcount
+                if released != remaining:
+                    self._log_lost_claim(token, "release", expected=remaining, touched=released)
+        if failure:
+            message, error = failure
+            log_event(
+                log,
+                logging.WARNING,
+                "relay.publish_failed",
+                relay=self.relay_id,
+                job=message.job,
+                id=message.id,
+                published=published,
+                remaining=remaining,
+                error=f"{type(error).__name__}: {error}",
+            )
+
+    def _log_lost_claim(self, token: str, action: str, *, expected: int, touched: int) -> None:
+        # Another relay reclaimed rows after this claim's lease lapsed. Its work stands; ours
+        # is dropped. Rows we published but could not mark may be published twice.
+        log_event(
+            log,
+            logging.WARNING,
+            "relay.claim_lost",
+            relay=self.relay_id,
+            claim=token,
+            action=action,
+            expected=expected,
+            touched=touched,
+        )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with raise_if_missing_table(self.engine), self.engine.begin() as conn:
+            yield conn
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """How many committed rows are not yet published."""
+        with raise_if_missing_table(self.engine), self.engine.connect() as conn:
+            return int(conn.execute(queries.pending_stmt()).scalar_one())
+
+    def check(self) -> None:
+        """Raise :class:`MissingTableError` (with the fix) unless the outbox table exists.
+
+        Also raises SQLAlchemy's ``OperationalError`` when the database cannot be reached.
+        """
+        table = queries.outbox_table
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(table.name, schema=table.schema):
+                raise missing_table_error(conn)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run passes in a background thread until :meth:`stop`."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name=self.relay_id, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the loop and wait for the pass in flight to finish and write its marks.
+
+        A pass in flight publishes nothing more once this is called: it marks what it already
+        published and hands the rest of its claim back. Nothing is published after this returns.
+        """
+        self._stopping.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                return  # the caller chose a timeout; the flag stays set
+        self._thread = None
+        self._stopping.clear()
+        self.close()
+
+    def run(self) -> None:
+        """Run passes in the foreground until SIGINT or SIGTERM, then finish the pass and return."""
+        previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        try:
+            self._stopping.clear()
+            self._loop()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self._stopping.clear()
+            self.close()
+
+    def wake(self) -> None:
+        """Start the next pass now instead of after ``poll_interval``."""
+        self._wake.set()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log_event(log, logging.INFO, "relay.stopping", relay=self.relay_id, signal=signum)
+        self._stopping.set()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        log_event(
+            log,
+            logging.INFO,
+            "relay.started",
+            relay=self.relay_id,
+            url=hide_password(self.engine.url),
+            batch_size=self.batch_size,
+            claim_lease=self.claim_lease.total_seconds(),
+        )
+        backoff = self.poll_interval
+        while not self._stopping.is_set():
+            try:
+                result = self.run_pass()
+            except SQLAlchemyError as error:
+                # Failover, connection reset, a lock timeout: log, wait, try again. Never end
+                # the process over it; the rows are safe in the table.
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "relay.database_error",
+                    relay=self.relay_id,
+                    retry_in=round(backoff, 3),
+                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                )
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
+            except Exception:
+                log.exception("unexpected error in relay %s; retrying", self.relay_id)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
+            backoff = self.poll_interval
+            if result.claimed == self.batch_size and not result.failed:
+                continue  # a full batch: more is probably waiting
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+        log_event(log, logging.INFO, "relay.stopped", relay=self.relay_id)
+
+    def close(self) -> None:
+        """Close the publisher (if it has ``close()``) and the engine the relay created itself.
+
+        :meth:`stop` and :meth:`run` call it. An engine passed in by the caller stays open: it is
+        the caller's. Also called on leaving a ``with Relay(...) as relay:`` block.
+        """
+        close = getattr(self.publisher, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing the publisher of relay %s failed", self.relay_id)
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._thread is not None:
+            self.stop()
+        else:
+            self.close()

@@ -1,0 +1,111 @@
+"""Shared fixtures: a fresh PostgreSQL database per test, and SQLite files.
+
+PostgreSQL comes from pytest-postgresql. As root ``initdb`` cannot run, so by default the
+fixtures use the server already running (``postgresql_noproc``); host, port, user and password
+come from ``SQLA_OUTBOX_PG_HOST``/``_PORT``/``_USER``/``_PASSWORD``. A non-root user with no
+server configured gets a throwaway one from ``postgresql_proc``. Each test receives its own
+database, created and dropped by pytest-postgresql; a test that needs PostgreSQL is skipped with
+the reason when the server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from pytest_postgresql import factories
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+
+import sqla_outbox as outbox
+from sqla_outbox.engines import create_engine
+
+PG_HOST = os.environ.get("SQLA_OUTBOX_PG_HOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("SQLA_OUTBOX_PG_PORT", "5432"))
+PG_USER = os.environ.get("SQLA_OUTBOX_PG_USER", "postgres")
+PG_PASSWORD = os.environ.get("SQLA_OUTBOX_PG_PASSWORD", "")
+USE_RUNNING_SERVER = os.geteuid() == 0 or "SQLA_OUTBOX_PG_HOST" in os.environ
+
+if USE_RUNNING_SERVER:
+    postgresql_server = factories.postgresql_noproc(
+        host=PG_HOST,
+        port=PG_PORT,
+        user=PG_USER,
+        password=PG_PASSWORD,
+        # Per process, so two test runs against one server never share a template database.
+        dbname=f"sqla_outbox_test_{os.getpid()}",
+    )
+else:  # pragma: no cover - only for non-root developers without a server
+    postgresql_server = factories.postgresql_proc()
+
+postgresql = factories.postgresql("postgresql_server")
+
+
+@pytest.fixture(scope="session")
+def _pg_reachable() -> None:
+    if not USE_RUNNING_SERVER:
+        return
+    try:
+        psycopg.connect(
+            host=PG_HOST,
+            port=PG_PORT,
+            user=PG_USER,
+            password=PG_PASSWORD,
+            dbname="postgres",
+            connect_timeout=3,
+        ).close()
+    except psycopg.OperationalError as exc:
+        pytest.skip(
+            f"PostgreSQL is not reachable at {PG_HOST}:{PG_PORT} as {PG_USER!r} ({exc}); "
+            "start it (pg_ctlcluster 15 main start) or set SQLA_OUTBOX_PG_HOST/_PORT/_USER"
+        )
+
+
+@pytest.fixture
+def pg_url(_pg_reachable: None, request: pytest.FixtureRequest) -> URL:
+    """URL of a fresh, empty PostgreSQL database for this test (psycopg 3 driver)."""
+    conn: psycopg.Connection[object] = request.getfixturevalue("postgresql")
+    info = conn.info
+    return URL.create(
+        "postgresql+psycopg",
+        username=info.user,
+        password=info.password or None,
+        host=info.host,
+        port=info.port,
+        database=info.dbname,
+    )
+
+
+@pytest.fixture
+def pg_engine(pg_url: URL) -> Iterator[Engine]:
+    """An engine on a fresh PostgreSQL database that already has the outbox table."""
+    engine = create_engine(pg_url)
+    outbox.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> URL:
+    """URL of a fresh SQLite file for this test."""
+    return URL.create("sqlite+pysqlite", database=str(tmp_path / "outbox.sqlite3"))
+
+
+@pytest.fixture
+def sqlite_engine(sqlite_url: URL) -> Iterator[Engine]:
+    """An SQLite engine with real transactions and the outbox table."""
+    engine = create_engine(sqlite_url)
+    outbox.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """The same test on PostgreSQL and on SQLite."""
+    name = "pg_engine" if request.param == "postgresql" else "sqlite_engine"
+    result: Engine = request.getfixturevalue(name)
+    return result

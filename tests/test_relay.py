@@ -1,0 +1,399 @@
+"""The relay: leased claims, fenced updates, ordered publishing, graceful stop.
+
+Every test runs on PostgreSQL and on SQLite through real connections. Concurrency is arranged
+with events and barriers: each relay runs in its own thread with its own connections, and the
+tests decide who is where by blocking publishers, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, select, text, update
+from sqlalchemy.orm import Session
+
+import sqla_outbox as outbox
+from sqla_outbox.message import OutboxMessage
+
+Row = outbox.OutboxRow
+WAIT = 30.0  # seconds; a bound on waits that should take milliseconds
+
+
+def stage(engine: Engine, count: int, job: str = "job") -> list[uuid.UUID]:
+    with Session(engine) as session:
+        ids = [outbox.enqueue(session, job, {"n": n}).id for n in range(count)]
+        session.commit()
+    return ids
+
+
+def published_ids(engine: Engine) -> set[uuid.UUID]:
+    with Session(engine) as session:
+        return set(session.scalars(select(Row.id).where(Row.published_at.is_not(None))))
+
+
+def age_live_claims(engine: Engine) -> None:
+    """Move every live claim an hour into the past, as if its relay had stalled that long."""
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    with engine.begin() as conn:
+        conn.execute(update(Row).where(Row.claimed_at.is_not(None)).values(claimed_at=past))
+
+
+class Gate:
+    """A publisher that records messages and can be told to block or fail at one of them."""
+
+    def __init__(
+        self,
+        *,
+        block_at: int | None = None,
+        fail_at: int | None = None,
+        after_block: Callable[[], None] | None = None,
+    ) -> None:
+        self.published: list[OutboxMessage] = []
+        self.block_at = block_at
+        self.fail_at = fail_at
+        self.after_block = after_block
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+        self.calls = 0
+
+    def publish(self, message: OutboxMessage) -> None:
+        index = self.calls
+        self.calls += 1
+        if index == self.block_at:
+            self.entered.set()
+            assert self.proceed.wait(WAIT), "test never released the publisher"
+            if self.after_block:
+                self.after_block()
+        if index == self.fail_at:
+            raise RuntimeError(f"broker refused message {index}")
+        self.published.append(message)
+
+
+def run_in_thread(fn: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+MakeRelay = Callable[..., outbox.Relay]
+
+
+@pytest.fixture
+def make_relay() -> Iterator[MakeRelay]:
+    """Build relays that are stopped and closed when the test ends, whatever happened."""
+    made: list[outbox.Relay] = []
+
+    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
+        relay = outbox.Relay(*args, **kwargs)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.stop()
+
+
+def test_claim_lease_is_validated_by_the_constructor(engine: Engine, make_relay: MakeRelay) -> None:
+    """claim_lease must be positive and finite; the error names it, the value and the fix."""
+    for bad in (0, -1, float("inf"), float("nan"), dt.timedelta(0), "30", True):
+        with pytest.raises(ValueError, match=r"claim_lease .*got") as info:
+            outbox.Relay(engine, print, claim_lease=bad)  # raises: no engine made  # type: ignore[arg-type]
+        assert "claim_lease=30" in str(info.value)
+    assert make_relay(engine, print, claim_lease=dt.timedelta(seconds=5)).claim_lease == (
+        dt.timedelta(seconds=5)
+    )
+
+
+def test_relay_id_defaults_to_a_unique_readable_id(engine: Engine, make_relay: MakeRelay) -> None:
+    """Each relay gets relay-<uuid4> unless told otherwise."""
+    a, b = make_relay(engine, print), make_relay(engine, print)
+    assert a.relay_id.startswith("relay-") and a.relay_id != b.relay_id
+    uuid.UUID(a.relay_id.removeprefix("relay-"))
+
+
+def test_claim_stamps_a_per_claim_fence_token(engine: Engine, make_relay: MakeRelay) -> None:
+    """claimed_by is '<relay_id>:<token>', new for every claim, even of the same relay."""
+    stage(engine, 2)
+    tokens: list[str | None] = []
+
+    def look(message: OutboxMessage) -> None:
+        with Session(engine) as session:
+            tokens.append(session.get(Row, message.id).claimed_by)  # type: ignore[union-attr]
+
+    relay = make_relay(engine, look, batch_size=1, relay_id="relay-A")
+    assert relay.tick() == 1 and relay.tick() == 1
+    assert all(t and t.startswith("relay-A:") for t in tokens)
+    assert tokens[0] != tokens[1]
+
+
+def test_publishes_in_claim_order_and_marks_once_per_pass(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A pass publishes due rows in enqueue order and marks them with one statement."""
+    ids = stage(engine, 25)
+    gate = Gate()
+    relay = make_relay(engine, gate, batch_size=10)
+    statements: list[str] = []
+
+    @event.listens_for(relay.engine, "before_cursor_execute")
+    def count(_c: object, _cur: object, statement: str, *_a: object) -> None:
+        statements.append(statement.split(maxsplit=1)[0].upper())
+
+    assert [relay.tick() for _ in range(4)] == [10, 10, 5, 0]
+    assert [m.id for m in gate.published] == ids
+    # Four claims (the last finds nothing) and one mark per non-empty pass; BEGIN on SQLite.
+    assert Counter(s for s in statements if s != "BEGIN") == {"UPDATE": 4 + 3}
+
+
+def test_not_due_rows_wait_for_run_at(engine: Engine, make_relay: MakeRelay) -> None:
+    """A row with run_at in the future is not claimed before then."""
+    with Session(engine) as session:
+        outbox.enqueue(session, "later", run_at=dt.timedelta(hours=1))
+        now_id = outbox.enqueue(session, "now").id
+        session.commit()
+    gate = Gate()
+    assert make_relay(engine, gate.publish).tick() == 1
+    assert [m.id for m in gate.published] == [now_id]
+    assert make_relay(engine, print).pending() == 1
+
+
+def test_failure_stops_the_pass_and_hands_back_the_rest_at_once(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A publisher failing on row 3 of 10: 0-2 go out; 3-9 are claimable at once, in order."""
+    ids = stage(engine, 10)
+    failing = Gate(fail_at=3)
+    first = make_relay(engine, failing, claim_lease=3600)
+    assert first.tick() == 3
+    assert [m.id for m in failing.published] == ids[:3]
+    assert published_ids(engine) == set(ids[:3])
+    with Session(engine) as session:
+        failed = session.get(Row, ids[3])
+        assert failed is not None and failed.attempts == 1
+        assert "broker refused message 3" in (failed.last_error or "")
+        assert failed.claimed_by is None and failed.published_at is None
+        assert session.scalar(select(Row.attempts).where(Row.id == ids[4])) == 0
+    # Another relay gets the rest immediately, despite the hour-long lease.
+    second = Gate()
+    assert make_relay(engine, second, claim_lease=3600).tick() == 7
+    assert [m.id for m in second.published] == ids[3:]
+
+
+def test_publish_failure_is_logged_with_counts(
+    engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
+) -> None:
+    """The failure log line carries the job, the row, and published/remaining counts."""
+    stage(engine, 5, job="send_receipt")
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        make_relay(engine, Gate(fail_at=2)).tick()
+    [record] = [r for r in caplog.records if "relay.publish_failed" in r.getMessage()]
+    line = record.getMessage()
+    assert "job=send_receipt" in line and "published=2" in line and "remaining=3" in line
+
+
+def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: MakeRelay) -> None:
+    """Two relays (threads, own connections) over 3,000 rows: each row once, both took part."""
+    ids = stage(engine, 3000)
+    both_claimed = threading.Barrier(2, timeout=WAIT)
+    lock = threading.Lock()
+    seen: list[tuple[str, uuid.UUID]] = []
+    done = threading.Event()
+
+    def publisher(name: str) -> Callable[[OutboxMessage], None]:
+        first = [True]
+
+        def publish(message: OutboxMessage) -> None:
+            if first[0]:
+                first[0] = False
+                both_claimed.wait()  # neither proceeds until both hold a claim
+            with lock:
+                seen.append((name, message.id))
+                if len(seen) >= len(ids):
+                    done.set()
+
+        return publish
+
+    relays = [
+        make_relay(engine, publisher(name), batch_size=100, poll_interval=0.01, relay_id=name)
+        for name in ("relay-1", "relay-2")
+    ]
+    for relay in relays:
+        relay.start()
+    try:
+        assert done.wait(WAIT)
+    finally:
+        for relay in relays:
+            relay.stop()
+    counts = Counter(message_id for _, message_id in seen)
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+    assert {name for name, _ in seen} == {"relay-1", "relay-2"}
+    assert published_ids(engine) == set(ids)
+    # Order within each claim follows enqueue order.
+    for name in ("relay-1", "relay-2"):
+        own = [message_id for n, message_id in seen if n == name]
+        assert own == sorted(own, key=ids.index)
+
+
+def test_stale_claimant_cannot_release_another_relays_claim(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A stalls past its lease; B reclaims; A's failure-release is fenced off; C gets nothing."""
+    ids = stage(engine, 10)
+    a_gate = Gate(block_at=0, fail_at=0)
+    a = make_relay(engine, a_gate, claim_lease=60, relay_id="A")
+    a_thread = run_in_thread(a.tick)
+    assert a_gate.entered.wait(WAIT)
+
+    age_live_claims(engine)
+    b_gate = Gate(block_at=4)
+    b = make_relay(engine, b_gate, claim_lease=60, relay_id="B")
+    b_result: list[int] = []
+    b_thread = run_in_thread(lambda: b_result.append(b.tick()))
+    assert b_gate.entered.wait(WAIT)  # B holds all ten, mid-batch
+
+    a_gate.proceed.set()  # A now fails and tries to hand its (lost) claim back
+    a_thread.join(WAIT)
+    assert not a_thread.is_alive()
+
+    c_gate = Gate()
+    assert make_relay(engine, c_gate, claim_lease=60, relay_id="C").tick() == 0
+    assert c_gate.published == []
+
+    b_gate.proceed.set()
+    b_thread.join(WAIT)
+    assert b_result == [10]
+    assert [m.id for m in b_gate.published] == ids
+    assert published_ids(engine) == set(ids)
+
+
+def test_stale_claimant_cannot_mark_another_relays_claim(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A publishes late and marks after B reclaimed; B then fails the row: it stays unpublished."""
+    ids = stage(engine, 3)
+    a_gate = Gate(block_at=0)
+    a = make_relay(engine, a_gate, claim_lease=60, relay_id="A")
+    a_thread = run_in_thread(a.tick)
+    assert a_gate.entered.wait(WAIT)
+
+    age_live_claims(engine)
+    b_gate = Gate(block_at=0, fail_at=0)
+    b = make_relay(engine, b_gate, claim_lease=60, relay_id="B")
+    b_thread = run_in_thread(b.tick)
+    assert b_gate.entered.wait(WAIT)
+
+    a_gate.proceed.set()  # A "publishes" all three and marks: fenced, touches nothing
+    a_thread.join(WAIT)
+    assert [m.id for m in a_gate.published] == ids
+    assert published_ids(engine) == set()
+
+    b_gate.proceed.set()  # B fails the first row and hands all three back
+    b_thread.join(WAIT)
+    assert published_ids(engine) == set()
+
+    later = Gate()
+    assert make_relay(engine, later, claim_lease=60).tick() == 3
+    assert [m.id for m in later.published] == ids
+    assert published_ids(engine) == set(ids)
+
+
+def test_lapsed_claim_is_reclaimed(engine: Engine, make_relay: MakeRelay) -> None:
+    """Rows of a relay that stopped mid-claim are claimable once its lease lapses, not before."""
+    ids = stage(engine, 4)
+    dead = Gate(block_at=0)
+    dead_relay = make_relay(engine, dead, claim_lease=60)
+    thread = run_in_thread(dead_relay.tick)
+    assert dead.entered.wait(WAIT)
+    assert make_relay(engine, Gate(), claim_lease=60).tick() == 0  # lease still live
+    age_live_claims(engine)
+    survivor = Gate()
+    assert make_relay(engine, survivor, claim_lease=60).tick() == 4
+    assert [m.id for m in survivor.published] == ids
+    dead.proceed.set()
+    thread.join(WAIT)
+
+
+def test_stop_waits_for_the_pass_and_its_marks(engine: Engine, make_relay: MakeRelay) -> None:
+    """stop() returns after the pass in flight marked what it published; nothing after that."""
+    ids = stage(engine, 10)
+    gate = Gate(block_at=3)
+    relay = make_relay(engine, gate, batch_size=10, poll_interval=0.01)
+    relay.start()
+    assert gate.entered.wait(WAIT)
+
+    stop_returned = threading.Event()
+    stopper = run_in_thread(lambda: (relay.stop(), stop_returned.set()))
+    assert relay._stopping.wait(WAIT)  # stop() has been called and is waiting for the pass
+    assert not stop_returned.is_set()
+    gate.proceed.set()
+    stopper.join(WAIT)
+    assert stop_returned.is_set()
+
+    published = [m.id for m in gate.published]
+    assert published == ids[:4]  # the message in flight completed; no further one started
+    assert published_ids(engine) == set(published)
+    with Session(engine) as session:  # the rest was handed back, not left leased
+        assert (
+            session.scalar(
+                select(Row.id).where(Row.claimed_by.is_not(None), Row.published_at.is_(None))
+            )
+            is None
+        )
+    assert relay.pending() == 6
+
+
+def test_pending_counts_committed_unpublished_rows(engine: Engine, make_relay: MakeRelay) -> None:
+    """pending() counts committed rows not yet published; rolled-back ones never exist."""
+    stage(engine, 3)
+    with Session(engine) as session:
+        outbox.enqueue(session, "rolled-back")
+        session.rollback()
+    relay = make_relay(engine, Gate())
+    assert relay.pending() == 3
+    relay.tick()
+    assert relay.pending() == 0
+
+
+def test_database_errors_are_retried_not_fatal(
+    pg_engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
+) -> None:
+    """Connections killed under a running relay: it logs, reconnects and keeps publishing."""
+    stage(pg_engine, 5)
+    lock = threading.Lock()
+    seen: list[uuid.UUID] = []
+    first_five, all_ten = threading.Event(), threading.Event()
+
+    def publish(message: OutboxMessage) -> None:
+        with lock:
+            seen.append(message.id)
+            if len(seen) == 5:
+                first_five.set()
+            if len(set(seen)) == 10:
+                all_ten.set()
+
+    url = pg_engine.url.render_as_string(hide_password=False)
+    relay = make_relay(url, publish, poll_interval=0.02)  # its own pool, killed below
+    with caplog.at_level(logging.INFO, logger="sqla_outbox"):
+        relay.start()
+        try:
+            assert first_five.wait(WAIT)
+            with pg_engine.connect() as conn:
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+            stage(pg_engine, 5)
+            assert all_ten.wait(WAIT)
+        finally:
+            relay.stop()
+    assert relay._thread is None
+    assert any("relay.database_error" in r.getMessage() for r in caplog.records)

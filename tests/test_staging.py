@@ -1,0 +1,401 @@
+"""Staging: what `enqueue` writes, when, and what a rollback of any kind leaves behind.
+
+Every test runs on PostgreSQL and on SQLite (the `engine` fixture), through a real connection.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from sqlalchemy import Engine, ForeignKey, String, event, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
+
+import sqla_outbox as outbox
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sku: Mapped[str] = mapped_column(String(20), unique=True)
+
+
+class Line(Base):
+    __tablename__ = "order_lines"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"))
+
+
+@pytest.fixture
+def db(engine: Engine) -> Engine:
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def rows(engine: Engine) -> list[outbox.OutboxRow]:
+    with Session(engine) as session:
+        stmt = select(outbox.OutboxRow).order_by(outbox.OutboxRow.staged_at, outbox.OutboxRow.id)
+        return list(session.scalars(stmt))
+
+
+def jobs(engine: Engine) -> list[str]:
+    return [row.job for row in rows(engine)]
+
+
+class TestCommit:
+    def test_commit_writes_exactly_the_staged_rows_with_every_field(self, db: Engine) -> None:
+        """A commit inserts each staged message with every field as given, aware UTC timestamps."""
+        run_at = dt.datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+        trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        with Session(db) as session:
+            session.add(Order(sku="A1"))
+            message = outbox.enqueue(
+                session,
+                "send_receipt",
+                {"order": "A1", "lines": [1, 2], "note": None},
+                queue="emails",
+                run_at=run_at,
+                idempotency_key="receipt-A1",
+                tenant_id="acme",
+                enqueued_by="user:42",
+                traceparent=trace,
+                max_attempts=7,
+            )
+            assert outbox.staged(session) == (message,)
+            assert rows(db) == []  # nothing before commit
+            session.commit()
+            assert outbox.staged(session) == ()
+
+        [row] = rows(db)
+        assert isinstance(row.id, uuid.UUID) and row.id == message.id
+        assert (row.job, row.queue, row.input) == ("send_receipt", "emails", message.input)
+        assert row.idempotency_key == "receipt-A1"
+        assert (row.tenant_id, row.enqueued_by, row.traceparent) == ("acme", "user:42", trace)
+        assert row.max_attempts == 7
+        assert row.run_at == run_at and row.run_at.tzinfo == dt.timezone.utc
+        assert row.staged_at == message.staged_at and row.staged_at.tzinfo == dt.timezone.utc
+        assert row.claimed_by is None and row.claimed_at is None and row.published_at is None
+
+    def test_defaults(self, db: Engine) -> None:
+        """Defaults: queue 'default', 3 attempts, run now, idempotency key unique per message."""
+        before = dt.datetime.now(dt.timezone.utc)
+        with Session(db) as session:
+            first = outbox.enqueue(session, "a")
+            second = outbox.enqueue(session, "a")
+            session.commit()
+        assert first.queue == "default" and first.max_attempts == 3 and first.input is None
+        assert first.idempotency_key != second.idempotency_key
+        assert before <= first.run_at <= dt.datetime.now(dt.timezone.utc)
+        assert [r.idempotency_key for r in rows(db)] == [str(first.id), str(second.id)]
+
+    def test_job_handle_supplies_name_queue_and_attempts(self, db: Engine) -> None:
+        """A job handle's .name, .queue and .max_attempts are used; call arguments win."""
+
+        class Handle:
+            name = "charge_card"
+            queue = "payments"
+            max_attempts = 9
+
+        with Session(db) as session:
+            a = outbox.enqueue(session, Handle(), {"cents": 100})
+            b = outbox.enqueue(session, Handle(), queue="urgent", max_attempts=1)
+            session.commit()
+        assert (a.job, a.queue, a.max_attempts) == ("charge_card", "payments", 9)
+        assert (b.queue, b.max_attempts) == ("urgent", 1)
+
+    def test_timedelta_run_at(self, db: Engine) -> None:
+        """run_at may be a timedelta from now."""
+        with Session(db) as session:
+            message = outbox.enqueue(session, "later", run_at=dt.timedelta(hours=1))
+            session.commit()
+        assert message.run_at - message.staged_at > dt.timedelta(minutes=59)
+
+
+class TestRollback:
+    def test_rollback_leaves_nothing_and_session_is_reusable(self, db: Engine) -> None:
+        """A rollback drops the staged messages; the same session then commits normally."""
+        with Session(db) as session:
+            session.add(Order(sku="R1"))
+            outbox.enqueue(session, "gone")
+            session.rollback()
+            assert outbox.staged(session) == ()
+            outbox.enqueue(session, "kept")
+            session.commit()
+        assert jobs(db) == ["kept"]
+
+    def test_close_without_commit_leaves_nothing(self, db: Engine) -> None:
+        """Closing a session that staged messages without committing writes nothing."""
+        session = Session(db)
+        outbox.enqueue(session, "never")
+        session.close()
+        assert outbox.staged(session) == ()
+        outbox.enqueue(session, "after-close")
+        session.commit()
+        session.close()
+        assert jobs(db) == ["after-close"]
+
+    def test_commit_whose_flush_fails_leaves_nothing(self, db: Engine) -> None:
+        """A commit whose flush raises IntegrityError writes no outbox row and keeps none staged."""
+        with Session(db) as session:
+            session.add(Order(id=1, sku="dup"))
+            session.commit()
+            session.add(Order(id=2, sku="dup"))  # unique violation at the final flush
+            outbox.enqueue(session, "for-dup")
+            with pytest.raises(IntegrityError):
+                session.commit()
+            assert outbox.staged(session) == ()
+            session.rollback()
+            assert outbox.staged(session) == ()
+            session.add(Order(id=3, sku="ok"))
+            outbox.enqueue(session, "for-ok")
+            session.commit()
+        assert jobs(db) == ["for-ok"]
+
+    def test_context_manager_rollback_on_exception(self, db: Engine) -> None:
+        """`with session.begin():` that raises publishes nothing staged inside it."""
+        factory = sessionmaker(db)
+        with pytest.raises(RuntimeError), factory.begin() as session:
+            outbox.enqueue(session, "aborted")
+            raise RuntimeError("business logic failed")
+        with factory.begin() as session:
+            outbox.enqueue(session, "committed")
+        assert jobs(db) == ["committed"]
+
+
+class TestSavepoints:
+    def test_savepoint_matrix(self, db: Engine) -> None:
+        """a; rolled-back b; released c; d released into an outer savepoint that rolls back; e.
+
+        Only a, c and e are written.
+        """
+        with Session(db) as session:
+            outbox.enqueue(session, "a")
+            with pytest.raises(RuntimeError), session.begin_nested():
+                outbox.enqueue(session, "b")
+                raise RuntimeError("undo b")
+            with session.begin_nested():
+                outbox.enqueue(session, "c")
+            outer = session.begin_nested()
+            with session.begin_nested():
+                outbox.enqueue(session, "d")
+            assert [m.job for m in outbox.staged(session)] == ["a", "c", "d"]
+            outer.rollback()
+            outbox.enqueue(session, "e")
+            assert [m.job for m in outbox.staged(session)] == ["a", "c", "e"]
+            session.commit()
+        assert jobs(db) == ["a", "c", "e"]
+
+    def test_release_does_not_insert(self, db: Engine) -> None:
+        """Releasing a savepoint writes nothing; the root commit writes everything at once."""
+        statements = _count_outbox_inserts(db)
+        with Session(db) as session:
+            outbox.enqueue(session, "a")
+            with session.begin_nested():
+                outbox.enqueue(session, "b")
+            assert statements == []
+            session.commit()
+        assert len(statements) == 1
+        assert jobs(db) == ["a", "b"]
+
+    def test_root_commit_with_savepoint_still_open(self, db: Engine) -> None:
+        """Committing the root with a savepoint still open keeps messages inside and outside it."""
+        factory = sessionmaker(db)
+        with factory.begin() as session:
+            outbox.enqueue(session, "outside")
+            session.begin_nested()
+            outbox.enqueue(session, "inside")
+        assert jobs(db) == ["outside", "inside"]
+
+    def test_session_commit_with_nested_savepoints_open(self, db: Engine) -> None:
+        """session.commit() with two savepoints open commits every staged message."""
+        with Session(db) as session:
+            outbox.enqueue(session, "root")
+            session.begin_nested()
+            outbox.enqueue(session, "sp1")
+            session.begin_nested()
+            outbox.enqueue(session, "sp2")
+            session.commit()
+        assert jobs(db) == ["root", "sp1", "sp2"]
+
+    def test_savepoint_whose_flush_fails_is_dropped(self, db: Engine) -> None:
+        """A savepoint whose flush fails drops its messages; the outer transaction commits."""
+        with Session(db) as session:
+            session.add(Order(id=1, sku="x"))
+            outbox.enqueue(session, "outer")
+            try:
+                with session.begin_nested():
+                    session.add(Order(id=2, sku="x"))
+                    outbox.enqueue(session, "inner")
+            except IntegrityError:
+                pass
+            session.commit()
+        assert jobs(db) == ["outer"]
+
+
+def _count_outbox_inserts(engine: Engine) -> list[str]:
+    statements: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO OUTBOX"):
+            statements.append(statement)
+
+    return statements
+
+
+class TestBatching:
+    def test_thousand_enqueues_are_one_insert_in_enqueue_order(self, db: Engine) -> None:
+        """1,000 enqueues in one transaction: one INSERT, and claim order equals enqueue order."""
+        statements = _count_outbox_inserts(db)
+        with Session(db) as session:
+            staged = [outbox.enqueue(session, "bulk", {"n": n}) for n in range(1000)]
+            session.commit()
+        assert len(statements) == 1
+        stored = rows(db)
+        assert [row.input["n"] for row in stored] == list(range(1000))
+        assert [row.id for row in stored] == [m.id for m in staged]
+        assert len({row.staged_at for row in stored}) == 1  # one timestamp: the id orders them
+
+    def test_later_transaction_claims_later(self, db: Engine) -> None:
+        """Across transactions, claim order is staging order."""
+        with Session(db) as session:
+            outbox.enqueue(session, "first")
+            session.commit()
+            outbox.enqueue(session, "second")
+            session.commit()
+        assert jobs(db) == ["first", "second"]
+
+
+class TestInputChecks:
+    @pytest.mark.parametrize(
+        ("payload", "needle"),
+        [
+            ({"total": Decimal("1.10")}, "Decimal('1.10') at input['total']"),
+            ([1, {2, 3}], "at input[1]"),
+            ({"x": float("nan")}, "nan at input['x']"),
+            ({1: "a"}, "key 1"),
+            (object(), "at input"),
+        ],
+    )
+    def test_non_json_input_raises_type_error_at_enqueue(
+        self, db: Engine, payload: Any, needle: str
+    ) -> None:
+        """Non-JSON input raises TypeError naming job and value; other staged rows still commit."""
+        with Session(db) as session:
+            outbox.enqueue(session, "good")
+            with pytest.raises(TypeError, match="send_receipt") as info:
+                outbox.enqueue(session, "send_receipt", payload)
+            assert needle in str(info.value)
+            assert [m.job for m in outbox.staged(session)] == ["good"]
+            session.commit()
+        assert jobs(db) == ["good"]
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "needle"),
+        [
+            ({"job": ""}, ValueError, "non-empty"),
+            ({"job": 42}, TypeError, "job name"),
+            ({"run_at": dt.datetime(2030, 1, 1)}, ValueError, "timezone-aware"),
+            ({"run_at": "tomorrow"}, TypeError, "timedelta"),
+            ({"queue": 5}, TypeError, "queue"),
+            ({"max_attempts": 0}, ValueError, "at least 1"),
+            ({"max_attempts": True}, TypeError, "max_attempts"),
+            ({"traceparent": "nope"}, ValueError, "W3C"),
+            ({"idempotency_key": "k" * 300}, ValueError, "255"),
+        ],
+    )
+    def test_bad_arguments_raise_at_the_call_and_stage_nothing(
+        self, db: Engine, kwargs: dict[str, Any], error: type[Exception], needle: str
+    ) -> None:
+        """Every argument is checked at enqueue; a refused call stages nothing."""
+        kwargs = dict(kwargs)
+        job = kwargs.pop("job", "job")
+        with Session(db) as session:
+            with pytest.raises(error, match=needle) as info:
+                outbox.enqueue(session, job, **kwargs)
+            assert isinstance(info.value, outbox.OutboxError)
+            assert outbox.staged(session) == ()
+            assert not session.in_transaction()
+
+    def test_not_a_session(self) -> None:
+        """Passing something that is not a session is a TypeError that says what is accepted."""
+        with pytest.raises(TypeError, match="Session, AsyncSession"):
+            outbox.enqueue("session", "job")
+
+
+class TestSessionKinds:
+    def test_scoped_session(self, db: Engine) -> None:
+        """A scoped_session stages into its current session."""
+        registry = scoped_session(sessionmaker(db))
+        outbox.enqueue(registry, "scoped")
+        assert [m.job for m in outbox.staged(registry)] == ["scoped"]
+        registry.commit()
+        registry.remove()
+        assert jobs(db) == ["scoped"]
+
+    def test_core_connection_inserts_on_its_transaction(self, db: Engine) -> None:
+        """On a Core Connection the row is written at once, inside the connection's transaction."""
+        with db.connect() as conn:
+            outbox.enqueue(conn, "core-rolled-back")
+            conn.rollback()
+            outbox.enqueue(conn, "core-committed")
+            conn.commit()
+        assert jobs(db) == ["core-committed"]
+
+    def test_autobegin_disabled(self, db: Engine) -> None:
+        """A session with autobegin=False and no transaction is told to call begin()."""
+        with Session(db, autobegin=False) as session:
+            with pytest.raises(outbox.StagingError, match=r"session\.begin\(\)"):
+                outbox.enqueue(session, "x")
+            session.begin()
+            outbox.enqueue(session, "x")
+            session.commit()
+        assert jobs(db) == ["x"]
+
+    def test_missing_table_names_the_fix(self, db: Engine) -> None:
+        """Committing into a database without the outbox table names the migration to run."""
+        outbox.metadata.drop_all(db)
+        with Session(db) as session:
+            outbox.enqueue(session, "x")
+            with pytest.raises(outbox.MissingTableError, match="alembic upgrade head"):
+                session.commit()
+
+
+@pytest.fixture
+def span() -> Iterator[str]:
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("request") as current:
+        context = current.get_span_context()
+        yield f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def test_traceparent_defaults_to_current_span(db: Engine, span: str) -> None:
+    """Inside a recording OpenTelemetry span, traceparent is that span's W3C header."""
+    with Session(db) as session:
+        message = outbox.enqueue(session, "traced")
+        session.commit()
+    assert message.traceparent == span
+    assert rows(db)[0].traceparent == span
+
+
+def test_no_traceparent_outside_a_span(db: Engine) -> None:
+    """Outside any span no traceparent is invented."""
+    with Session(db) as session:
+        assert outbox.enqueue(session, "untraced").traceparent is None

@@ -1,0 +1,46 @@
+"""The relay's SQL, compiled without a database: the properties that must never regress."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from sqlalchemy.dialects import postgresql, sqlite
+
+from sqla_outbox import queries
+from sqla_outbox.message import OutboxMessage
+
+
+def compiled(stmt: object, dialect: object) -> str:
+    return " ".join(str(stmt.compile(dialect=dialect)).split())  # type: ignore[attr-defined]
+
+
+def test_postgresql_claim_locks_and_stamps_in_one_statement() -> None:
+    """The claim is one UPDATE over a FOR UPDATE SKIP LOCKED subselect, in claim order."""
+    sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
+    assert sql.startswith("UPDATE outbox SET claimed_by=")
+    assert "claimed_at=now()" in sql
+    assert "FOR UPDATE SKIP LOCKED" in sql
+    assert "ORDER BY outbox.staged_at, outbox.id" in sql
+    assert "outbox.published_at IS NULL AND outbox.run_at <= now()" in sql
+    assert "RETURNING outbox.id" in sql
+
+
+def test_sqlite_claim_uses_relay_clock() -> None:
+    """SQLite has no server clock; the claim compares against bound now/cutoff values."""
+    sql = compiled(queries.claim_stmt("sqlite"), sqlite.dialect())
+    assert "FOR UPDATE" not in sql
+    assert "now()" not in sql and "RETURNING" in sql
+
+
+def test_every_update_after_the_claim_is_fenced() -> None:
+    """Mark and release only touch rows still carrying this claim's token, unpublished."""
+    for stmt in (queries.mark_published_stmt("postgresql"), queries.release_stmt()):
+        sql = compiled(stmt, postgresql.dialect())
+        assert "WHERE outbox.claimed_by = %(token)s" in sql
+        assert "outbox.published_at IS NULL" in sql
+
+
+def test_message_fields_match_the_message_dataclass() -> None:
+    """A claimed row maps positionally onto OutboxMessage."""
+    expected = tuple(f.name for f in fields(OutboxMessage))
+    assert expected == queries.MESSAGE_FIELDS
