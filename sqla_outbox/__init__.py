@@ -12,23 +12,26 @@ from sqla_outbox.errors import (
     MissingTableError,
     OutboxError,
     PublisherError,
+    PublishError,
     StagingError,
 )
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import TABLE_NAME, OutboxRow, metadata
-from sqla_outbox.publishers import Publisher
+from sqla_outbox.publishers import BatchPublisher, Publisher
 from sqla_outbox.relay import PassResult, Relay
 from sqla_outbox.staging import enqueue, staged
 
 __all__ = [
     "TABLE_NAME",
     "ArgumentTypeError",
+    "BatchPublisher",
     "ConfigurationError",
     "MissingTableError",
     "OutboxError",
     "OutboxMessage",
     "OutboxRow",
     "PassResult",
+    "PublishError",
     "Publisher",
     "PublisherError",
     "Relay",

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigurationError",
     "MissingTableError",
     "OutboxError",
+    "PublishError",
     "PublisherError",
     "StagingError",
 ]
@@ -45,3 +46,16 @@ class MissingTableError(OutboxError):
 
 class PublisherError(OutboxError):
     """A publisher spec cannot be turned into a publisher (bad import path, missing extra)."""
+
+
+class PublishError(OutboxError):
+    """Raised by a publisher's ``publish_batch`` when only part of the batch was confirmed.
+
+    ``published`` is how many messages, from the start of the batch, the broker confirmed; the
+    relay marks exactly those and records the failure on the next one. Any other exception from
+    ``publish_batch`` counts as none confirmed: the batch is published again later, never lost.
+    """
+
+    def __init__(self, message: str, *, published: int) -> None:
+        super().__init__(message)
+        self.published = published

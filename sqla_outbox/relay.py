@@ -47,10 +47,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import queries
 from sqla_outbox.engines import create_engine, hide_password
-from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.errors import ConfigurationError, PublishError
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishers import PublisherLike, publish_function
+from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
 from sqla_outbox.schema_errors import missing_table_error, raise_if_missing_table
 from sqla_outbox.settings import (
     DEFAULT_BATCH_SIZE,
@@ -150,6 +150,7 @@ class Relay:
         self.relay_id = _resolve_relay_id(relay_id)
         self.publisher = publisher
         self._publish = publish_function(publisher)
+        self._publish_batch = batch_function(publisher)
         self.engine = _relay_engine(bind)
         self._owns_engine = self.engine is not bind
         self._dialect = self.engine.dialect.name
@@ -214,6 +215,18 @@ class Relay:
     def _publish_in_order(
         self, messages: list[OutboxMessage]
     ) -> tuple[int, tuple[OutboxMessage, BaseException] | None]:
+        if self._publish_batch is not None:
+            if self._stopping.is_set():
+                return 0, None
+            try:
+                self._publish_batch(messages)
+            except Exception as error:
+                # Only a PublishError says how many went out; anything else counts as none, so
+                # the worst case is a re-publish (at least once), never a lost message.
+                confirmed = error.published if isinstance(error, PublishError) else 0
+                confirmed = max(0, min(confirmed, len(messages) - 1))
+                return confirmed, (messages[confirmed], error)
+            return len(messages), None
         published = 0
         for message in messages:
             if self._stopping.is_set():

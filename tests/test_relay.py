@@ -12,7 +12,7 @@ import logging
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -397,3 +397,58 @@ def test_database_errors_are_retried_not_fatal(
             relay.stop()
     assert relay._thread is None
     assert any("relay.database_error" in r.getMessage() for r in caplog.records)
+
+
+class BatchRecorder:
+    """A publish_batch publisher that confirms a prefix, then fails, as told."""
+
+    def __init__(self, confirm: int | None = None, error: Exception | None = None) -> None:
+        self.batches: list[list[uuid.UUID]] = []
+        self.confirm = confirm
+        self.error = error
+
+    def publish(self, message: OutboxMessage) -> None:  # pragma: no cover - batch is preferred
+        raise AssertionError("the relay must use publish_batch when a publisher has it")
+
+    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
+        self.batches.append([m.id for m in messages])
+        if self.error is not None:
+            raise self.error
+
+
+def test_batch_publisher_gets_the_whole_pass_in_order(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A publisher with publish_batch receives each claim whole, in claim order."""
+    ids = stage(engine, 25)
+    recorder = BatchRecorder()
+    relay = make_relay(engine, recorder, batch_size=10)
+    assert [relay.tick() for _ in range(3)] == [10, 10, 5]
+    assert recorder.batches == [ids[:10], ids[10:20], ids[20:]]
+    assert published_ids(engine) == set(ids)
+
+
+def test_batch_partial_confirmation_marks_exactly_the_prefix(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """PublishError(published=3): rows 0-2 marked, failure recorded on row 3, rest handed back."""
+    ids = stage(engine, 10)
+    error = outbox.PublishError("broker nacked message 3", published=3)
+    relay = make_relay(engine, BatchRecorder(error=error), claim_lease=3600)
+    assert relay.tick() == 3
+    assert published_ids(engine) == set(ids[:3])
+    with Session(engine) as session:
+        row = session.get(Row, ids[3])
+        assert row is not None and row.attempts == 1 and "nacked" in (row.last_error or "")
+    assert make_relay(engine, BatchRecorder(), claim_lease=3600).tick() == 7
+
+
+def test_batch_failure_without_count_confirms_nothing(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Any other exception from publish_batch counts as nothing confirmed: nothing is marked."""
+    ids = stage(engine, 4)
+    relay = make_relay(engine, BatchRecorder(error=ConnectionError("broker down")))
+    assert relay.tick() == 0
+    assert published_ids(engine) == set()
+    assert make_relay(engine, BatchRecorder()).tick() == len(ids)

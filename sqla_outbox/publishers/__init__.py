@@ -5,6 +5,12 @@ A publisher is a callable taking one :class:`~sqla_outbox.OutboxMessage`, or an 
 and the relay stops the pass there so no later message overtakes it. A publisher may also have
 ``close()``, which the relay calls when it stops.
 
+A publisher whose broker can confirm many messages at once (a Redis pipeline, AMQP publisher
+confirms, a JetStream batch of acks) may also implement ``publish_batch(messages)``
+(:class:`BatchPublisher`): the relay then hands it the whole pass, in claim order. It returns when
+every message is confirmed; if only the first *k* were, it raises
+:class:`~sqla_outbox.PublishError` with ``published=k`` so the relay marks exactly those.
+
 :func:`resolve_publisher` turns a command-line spec into a publisher: ``stdout``, or
 ``module:attribute`` naming a publisher object, a callable, or a class to instantiate with no
 arguments.
@@ -12,13 +18,13 @@ arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from sqla_outbox.errors import ArgumentTypeError
 from sqla_outbox.message import OutboxMessage
 
-__all__ = ["Publisher", "PublisherLike", "publish_function"]
+__all__ = ["BatchPublisher", "Publisher", "PublisherLike", "batch_function", "publish_function"]
 
 
 @runtime_checkable
@@ -27,6 +33,14 @@ class Publisher(Protocol):
 
     def publish(self, message: OutboxMessage) -> None:
         """Deliver ``message``; raise if it was not delivered."""
+
+
+@runtime_checkable
+class BatchPublisher(Protocol):
+    """A publisher that can deliver a whole pass and report how much of it was confirmed."""
+
+    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
+        """Deliver ``messages`` in order; raise ``PublishError(published=k)`` after a prefix."""
 
 
 PublisherLike = Publisher | Callable[[OutboxMessage], object]
@@ -44,3 +58,9 @@ def publish_function(publisher: PublisherLike) -> Callable[[OutboxMessage], obje
         f"publisher must be a callable taking one OutboxMessage or an object with a "
         f"publish(message) method, got {publisher!r}."
     )
+
+
+def batch_function(publisher: object) -> Callable[[Sequence[OutboxMessage]], object] | None:
+    """``publisher.publish_batch`` if it has one, else ``None``."""
+    method = getattr(publisher, "publish_batch", None)
+    return method if callable(method) else None
