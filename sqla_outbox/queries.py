@@ -21,6 +21,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    exists,
     func,
     insert,
     null,
@@ -123,16 +124,24 @@ def claim_stmt(dialect: str) -> Update:
     LOCKED)``. A SELECT that only locked would release its locks when its autocommit statement
     ended, and two relays polling a moment apart would both take the same rows. ``SKIP LOCKED``
     keeps concurrent relays from queueing behind each other. SQLite has no row locks; there the
-    relay runs this under ``BEGIN IMMEDIATE``, the database-wide write lock. RETURNING order is
-    not guaranteed, so callers sort the rows by ``(staged_at, id)``.
+    relay runs this under ``BEGIN IMMEDIATE``, the database-wide write lock.
+
+    Enqueue order inside a transaction must hold across relays too, and ``SKIP LOCKED`` alone
+    would split a transaction's rows (its ``staged_at`` group) between two concurrent claims, so
+    the second relay could publish row 3 while the first is still on row 2. So a group is left
+    out of this claim when an earlier due row of the group is unpublished and not in it (held by
+    another claim, or handed back after a failure): the group waits until that row is published.
+    One index probe per group, on the group's first candidate (``row_number() = 1``).
+
+    RETURNING order is not guaranteed, so callers sort the rows by ``(staged_at, id)``.
 
     Parameters: ``limit``, ``token``; ``lease`` (a ``timedelta``) on PostgreSQL, ``now`` and
     ``cutoff`` (``now - lease``) on SQLite.
     """
     now = _now(dialect)
     lapsed = outbox_table.c.claimed_at < _lease_cutoff(dialect)
-    claimable = (
-        select(outbox_table.c.id)
+    candidates = (
+        select(outbox_table.c.id, outbox_table.c.staged_at)
         .where(
             _unpublished(),
             outbox_table.c.run_at <= now,
@@ -141,10 +150,30 @@ def claim_stmt(dialect: str) -> Update:
         .order_by(outbox_table.c.staged_at, outbox_table.c.id)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
+        .cte("candidates")
     )
+    # Window functions cannot share a SELECT with FOR UPDATE, hence a second CTE.
+    ranked = select(
+        candidates.c.id,
+        candidates.c.staged_at,
+        func.row_number()
+        .over(partition_by=candidates.c.staged_at, order_by=candidates.c.id)
+        .label("position"),
+    ).cte("ranked")
+    earlier = outbox_table.alias("earlier")
+    held_back_groups = select(ranked.c.staged_at).where(
+        ranked.c.position == 1,
+        exists().where(
+            earlier.c.staged_at == ranked.c.staged_at,
+            earlier.c.id < ranked.c.id,
+            earlier.c.published_at.is_(None),
+            earlier.c.run_at <= now,
+        ),
+    )
+    claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back_groups))
     return (
         update(outbox_table)
-        .where(outbox_table.c.id.in_(claimable.scalar_subquery()))
+        .where(outbox_table.c.id.in_(claimable))
         .values(claimed_by=bindparam("token"), claimed_at=now)
         .returning(*_MESSAGE_COLUMNS)
     )

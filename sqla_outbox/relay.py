@@ -177,24 +177,35 @@ class Relay:
 
     def run_pass(self) -> PassResult:
         """One pass, with what it claimed and whether a publish failed."""
+        return self._pass(interruptible=False)
+
+    def drain(self) -> PassResult:
+        """Run passes until nothing due is left, a publish fails, or :meth:`stop` is called.
+
+        Returns the sum of what the passes did. A ``stop()`` from another thread (or a signal
+        under ``run(once=True)``) ends the pass in flight after the message being published.
+        """
+        self._stopping.clear()
+        return self._drain()
+
+    def _drain(self) -> PassResult:
+        total = PassResult()
+        while not self._stopping.is_set():
+            result = self._pass(interruptible=True)
+            total += result
+            if result.failed or result.claimed < self.batch_size:
+                break
+        return total
+
+    def _pass(self, *, interruptible: bool) -> PassResult:
         with self._pass_lock:
             token = f"{self.relay_id}:{secrets.token_hex(8)}"
             messages = self._claim_rows(token)
             if not messages:
                 return PassResult()
-            published, failure = self._publish_in_order(messages)
+            published, failure = self._publish_in_order(messages, interruptible)
             self._settle(token, messages, published, failure)
             return PassResult(len(messages), published, failure is not None)
-
-    def drain(self) -> PassResult:
-        """Run passes until nothing due is left or a publish fails; the sum of what they did."""
-        total = PassResult()
-        while not self._stopping.is_set():
-            result = self.run_pass()
-            total += result
-            if result.failed or result.claimed < self.batch_size:
-                break
-        return total
 
     def _params(self, **params: Any) -> dict[str, Any]:
         if self._dialect != "postgresql":
@@ -213,10 +224,11 @@ class Relay:
         return messages
 
     def _publish_in_order(
-        self, messages: list[OutboxMessage]
+        self, messages: list[OutboxMessage], interruptible: bool
     ) -> tuple[int, tuple[OutboxMessage, BaseException] | None]:
+        stopping = self._stopping if interruptible else threading.Event()
         if self._publish_batch is not None:
-            if self._stopping.is_set():
+            if stopping.is_set():
                 return 0, None
             try:
                 self._publish_batch(messages)
@@ -229,7 +241,7 @@ class Relay:
             return len(messages), None
         published = 0
         for message in messages:
-            if self._stopping.is_set():
+            if stopping.is_set():
                 break  # a graceful stop: mark what went out, hand back the rest
             try:
                 self._publish(message)
@@ -332,27 +344,34 @@ class Relay:
         self._stopping.set()
         self._wake.set()
         thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                return  # the caller chose a timeout; the flag stays set
+        if thread is None:
+            return  # a drain() or run() in another thread sees the flag and returns
+        thread.join(timeout)
+        if thread.is_alive():
+            return  # the caller chose a timeout; the flag stays set
         self._thread = None
-        self._stopping.clear()
         self.close()
 
-    def run(self) -> None:
-        """Run passes in the foreground until SIGINT or SIGTERM, then finish the pass and return."""
+    def run(self, *, once: bool = False) -> PassResult:
+        """Run passes in the foreground until SIGINT or SIGTERM, then finish the pass and return.
+
+        With ``once=True``, :meth:`drain` instead: publish what is due, then return. Either way a
+        signal stops the pass in flight after the message being published, marks what went out
+        and hands the rest back. Returns the sum of what the passes did (``once`` only).
+        """
         previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[signum] = signal.signal(signum, self._on_signal)
         try:
             self._stopping.clear()
+            if once:
+                return self._drain()
             self._loop()
+            return PassResult()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            self._stopping.clear()
             self.close()
 
     def wake(self) -> None:
@@ -377,7 +396,7 @@ class Relay:
         backoff = self.poll_interval
         while not self._stopping.is_set():
             try:
-                result = self.run_pass()
+                result = self._pass(interruptible=True)
             except SQLAlchemyError as error:
                 # Failover, connection reset, a lock timeout: log, wait, try again. Never end
                 # the process over it; the rows are safe in the table.

@@ -45,18 +45,18 @@ def _positive_seconds(name: str, value: object, example: str, default: float) ->
 
 
 def resolve_claim_lease(value: object) -> dt.timedelta:
-    """``claim_lease`` (seconds or ``timedelta``) as a ``timedelta``, or ``ValueError``."""
+    """``claim_lease`` (seconds or ``timedelta``) as a ``timedelta``, or ``ConfigurationError``."""
     seconds = _positive_seconds("claim_lease", value, "30", DEFAULT_CLAIM_LEASE)
     return dt.timedelta(seconds=seconds)
 
 
 def resolve_poll_interval(value: object) -> float:
-    """``poll_interval`` in seconds, or ``ValueError``."""
+    """``poll_interval`` in seconds, or ``ConfigurationError`` (a ``ValueError``)."""
     return _positive_seconds("poll_interval", value, "0.5", DEFAULT_POLL_INTERVAL)
 
 
 def resolve_batch_size(value: object) -> int:
-    """``batch_size`` as a positive ``int``, or ``ValueError``."""
+    """``batch_size`` as a positive ``int``, or ``ConfigurationError`` (a ``ValueError``)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigurationError(
             f"batch_size must be a positive whole number, got {value!r}. "

@@ -26,10 +26,17 @@ Row = outbox.OutboxRow
 WAIT = 30.0  # seconds; a bound on waits that should take milliseconds
 
 
-def stage(engine: Engine, count: int, job: str = "job") -> list[uuid.UUID]:
+def stage(
+    engine: Engine, count: int, job: str = "job", per_transaction: int | None = None
+) -> list[uuid.UUID]:
+    """Commit ``count`` messages, all in one transaction or ``per_transaction`` at a time."""
+    ids: list[uuid.UUID] = []
+    step = per_transaction or count
     with Session(engine) as session:
-        ids = [outbox.enqueue(session, job, {"n": n}).id for n in range(count)]
-        session.commit()
+        for start in range(0, count, step):
+            for n in range(start, min(start + step, count)):
+                ids.append(outbox.enqueue(session, job, {"n": n}).id)
+            session.commit()
     return ids
 
 
@@ -148,8 +155,9 @@ def test_publishes_in_claim_order_and_marks_once_per_pass(
 
     assert [relay.tick() for _ in range(4)] == [10, 10, 5, 0]
     assert [m.id for m in gate.published] == ids
-    # Four claims (the last finds nothing) and one mark per non-empty pass; BEGIN on SQLite.
-    assert Counter(s for s in statements if s != "BEGIN") == {"UPDATE": 4 + 3}
+    # Four claims (WITH ... UPDATE; the last finds nothing) and one mark per non-empty pass;
+    # BEGIN on SQLite.
+    assert Counter(s for s in statements if s != "BEGIN") == {"WITH": 4, "UPDATE": 3}
 
 
 def test_not_due_rows_wait_for_run_at(engine: Engine, make_relay: MakeRelay) -> None:
@@ -199,8 +207,12 @@ def test_publish_failure_is_logged_with_counts(
 
 
 def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: MakeRelay) -> None:
-    """Two relays (threads, own connections) over 3,000 rows: each row once, both took part."""
-    ids = stage(engine, 3000)
+    """Two relays (threads, own connections) over 3,000 rows: each row once, both took part.
+
+    The rows come from 300 transactions of ten; every transaction's rows go out in enqueue
+    order even though the two relays interleave.
+    """
+    ids = stage(engine, 3000, per_transaction=10)
     both_claimed = threading.Barrier(2, timeout=WAIT)
     lock = threading.Lock()
     seen: list[tuple[str, uuid.UUID]] = []
@@ -235,10 +247,12 @@ def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: M
     assert set(counts) == set(ids) and max(counts.values()) == 1
     assert {name for name, _ in seen} == {"relay-1", "relay-2"}
     assert published_ids(engine) == set(ids)
-    # Order within each claim follows enqueue order.
-    for name in ("relay-1", "relay-2"):
-        own = [message_id for n, message_id in seen if n == name]
-        assert own == sorted(own, key=ids.index)
+    # Publication order (the shared list is appended under a lock) keeps each transaction's
+    # enqueue order, whichever relay published which row.
+    position = {message_id: index for index, (_, message_id) in enumerate(seen)}
+    for start in range(0, len(ids), 10):
+        transaction = ids[start : start + 10]
+        assert sorted(transaction, key=position.__getitem__) == transaction
 
 
 def test_stale_claimant_cannot_release_another_relays_claim(
@@ -452,3 +466,43 @@ def test_batch_failure_without_count_confirms_nothing(
     assert relay.tick() == 0
     assert published_ids(engine) == set()
     assert make_relay(engine, BatchRecorder()).tick() == len(ids)
+
+
+def test_a_transactions_rows_are_never_split_across_concurrent_claims(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """While relay A holds rows 0-4 of a transaction, relay B claims none of its rows 5-9.
+
+    B gets them only once A has published 0-4, so enqueue order holds across relays.
+    """
+    ids = stage(engine, 10)
+    other = stage(engine, 3, job="other-transaction")
+    a_gate = Gate(block_at=0)
+    a = make_relay(engine, a_gate, batch_size=5)
+    a_thread = run_in_thread(a.tick)
+    assert a_gate.entered.wait(WAIT)  # A holds rows 0-4 and is publishing
+
+    b_gate = Gate()
+    b = make_relay(engine, b_gate, batch_size=100)
+    assert b.tick() == 3  # only the other transaction's rows
+    assert [m.id for m in b_gate.published] == other
+
+    a_gate.proceed.set()
+    a_thread.join(WAIT)
+    assert [m.id for m in a_gate.published] == ids[:5]
+    assert b.tick() == 5
+    assert [m.id for m in b_gate.published] == other + ids[5:]
+
+
+def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """After a failure, the failed row's transaction waits for it; other transactions go on."""
+    ids = stage(engine, 4)
+    other = stage(engine, 2, job="other-transaction")
+    failing = Gate(fail_at=1)
+    assert make_relay(engine, failing, batch_size=2).tick() == 1  # row 0 out, row 1 failed
+    later = Gate()
+    relay = make_relay(engine, later)
+    assert relay.tick() == 5  # the retry starts at the failed row, in order
+    assert [m.id for m in later.published] == ids[1:] + other

@@ -11,9 +11,9 @@ confirms, a JetStream batch of acks) may also implement ``publish_batch(messages
 every message is confirmed; if only the first *k* were, it raises
 :class:`~sqla_outbox.PublishError` with ``published=k`` so the relay marks exactly those.
 
-:func:`resolve_publisher` turns a command-line spec into a publisher: ``stdout``, or
-``module:attribute`` naming a publisher object, a callable, or a class to instantiate with no
-arguments.
+:func:`sqla_outbox.publishers.loader.resolve_publisher` turns a command-line spec into a
+publisher: ``stdout``, ``module:attribute`` (a publisher object, a callable, or a class to
+instantiate with no arguments), or a broker URL (:mod:`sqla_outbox.publishers.schemes`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ def compiled(stmt: object, dialect: object) -> str:
 def test_postgresql_claim_locks_and_stamps_in_one_statement() -> None:
     """The claim is one UPDATE over a FOR UPDATE SKIP LOCKED subselect, in claim order."""
     sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
-    assert sql.startswith("UPDATE outbox SET claimed_by=")
+    assert sql.startswith("WITH candidates AS (SELECT outbox.id")
+    assert ") UPDATE outbox SET claimed_by=" in sql
     assert "claimed_at=now()" in sql
     assert "FOR UPDATE SKIP LOCKED" in sql
     assert "ORDER BY outbox.staged_at, outbox.id" in sql
@@ -44,3 +45,10 @@ def test_message_fields_match_the_message_dataclass() -> None:
     """A claimed row maps positionally onto OutboxMessage."""
     expected = tuple(f.name for f in fields(OutboxMessage))
     assert expected == queries.MESSAGE_FIELDS
+
+
+def test_claim_holds_back_a_transaction_whose_earlier_row_is_elsewhere() -> None:
+    """A staged_at group is skipped when an earlier due row of it is unpublished elsewhere."""
+    sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
+    assert "row_number() OVER (PARTITION BY candidates.staged_at ORDER BY candidates.id)" in sql
+    assert "earlier.staged_at = ranked.staged_at AND earlier.id < ranked.id" in sql
