@@ -1,0 +1,422 @@
+"""HTTP webhook publisher: each message POSTed as JSON to one endpoint, delivered on a 2xx.
+
+``sqla-outbox relay --publisher 'https://jobs.example.com/hooks/outbox?timeout=5'`` builds a
+:class:`WebhookPublisher` through :func:`from_url`; the URL, minus the options below, is the
+endpoint. Requests are made with httpx's synchronous client, one POST per message, in order.
+
+What the endpoint receives
+    ``POST`` with the whole message as a UTF-8 JSON object,
+    :meth:`~sqla_outbox.OutboxMessage.to_dict` (``id``, ``job``, ``queue``, ``input``,
+    ``idempotency_key``, ``max_attempts``, ``run_at``, ``staged_at``, ``tenant_id``,
+    ``traceparent``, ``enqueued_by``), and the headers ``Content-Type: application/json``,
+    ``Idempotency-Key`` (the message's idempotency key), ``traceparent`` (W3C trace context,
+    when the message has one), ``User-Agent: sqla-outbox/<version>``, ``X-Outbox-Id`` and
+    ``X-Outbox-Job``; with a secret configured also ``X-Outbox-Timestamp`` and
+    ``X-Outbox-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + body)>``; with
+    ``authorization_env`` also ``Authorization``.
+
+What it guarantees
+    A message counts as published only when the endpoint answered 2xx. Anything else (a 500, a
+    404, a redirect, which is not followed) raises :class:`WebhookError` with the status and the
+    start of the response body, which the relay records in the row's ``last_error``; the pass
+    stops there, so no later message overtakes it, and the next pass sends it again.
+
+What it does not do
+    No batching and no retries inside a pass: the relay's next pass is the retry. No
+    deduplication: an endpoint that took a message but whose answer was lost (a read timeout,
+    a relay killed before marking) gets it again with the same ``Idempotency-Key``, so the
+    endpoint must deduplicate on that header (or on ``idempotency_key`` in the body).
+
+The traps
+    * A 4xx is retried like a 5xx. The relay publishes in order, so a message the endpoint will
+      never accept holds up the messages behind it until the endpoint (or the row) is fixed; the
+      status in ``last_error`` says which it is.
+    * Secrets do not go in the URL: URLs end up in logs, process lists and shell history. The
+      HMAC secret and the ``Authorization`` value are read from environment variables *named* by
+      the URL (``?hmac_secret_env=OUTBOX_WEBHOOK_SECRET``), or passed to the constructor.
+    * The option names below are reserved: a query parameter of the endpoint's own with one of
+      these names cannot be passed through the URL. Every other query parameter is kept, as
+      written, in the URL that is POSTed to.
+    * httpx's timeouts bound each network operation (connect, each read, each write), not the
+      whole request; a server trickling its answer can take longer than ``timeout`` in total.
+
+Options (URL query parameters, removed from the endpoint URL)
+    ``timeout``
+        Seconds for each read and write, default 10.
+    ``connect_timeout``
+        Seconds to establish the connection, default: the same as ``timeout``.
+    ``hmac_secret_env``
+        Name of the environment variable holding the HMAC secret; turns signing on.
+    ``authorization_env``
+        Name of the environment variable whose value is sent as the ``Authorization`` header
+        (e.g. ``Bearer <token>``).
+    ``ca_file``
+        PEM file of certificate authorities to verify an ``https`` endpoint against, instead of
+        the system's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib.metadata
+import json
+import math
+import os
+import ssl
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from sqla_outbox.errors import OutboxError, PublisherError
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.publishers import schemes
+
+try:
+    import httpx
+except ImportError:  # pragma: no cover - exercised only without the extra installed
+    httpx = None  # type: ignore[assignment]
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "OPTIONS",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "WebhookError",
+    "WebhookPublisher",
+    "from_url",
+    "signature",
+]
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds for connecting and for each read and write, unless the URL says otherwise."""
+
+SIGNATURE_HEADER = "X-Outbox-Signature"
+"""``sha256=<hex>``: HMAC-SHA256 of ``timestamp + "." + body`` under the shared secret."""
+
+TIMESTAMP_HEADER = "X-Outbox-Timestamp"
+"""Unix seconds at signing; signed with the body so a receiver can refuse old replays."""
+
+OPTIONS = frozenset(
+    {"timeout", "connect_timeout", "hmac_secret_env", "authorization_env", "ca_file"}
+)
+"""The query parameters this module reads and strips from the endpoint URL."""
+
+_SNIPPET = 200  # characters of a failed response's body kept in the error
+_MAX_ERROR_URL = 200
+
+# Headers this module sets itself; a caller's ``headers`` may not replace them, since each one
+# carries a guarantee (the dedup key, the trace, the signature over exactly this body).
+_OWN_HEADERS = frozenset(
+    {
+        "content-type",
+        "idempotency-key",
+        "traceparent",
+        "x-outbox-id",
+        "x-outbox-job",
+        SIGNATURE_HEADER.lower(),
+        TIMESTAMP_HEADER.lower(),
+    }
+)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sqla-outbox")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+USER_AGENT = f"sqla-outbox/{_version()}"
+"""The default ``User-Agent``; a caller's ``headers={"User-Agent": ...}`` replaces it."""
+
+
+class WebhookError(OutboxError):
+    """The endpoint did not take a message: a non-2xx answer, or no answer at all.
+
+    ``status_code`` is the HTTP status, or ``None`` when the request failed before an answer
+    (connection refused, timeout). The relay records the message in the row's ``last_error``.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def signature(secret: bytes, timestamp: str, body: bytes) -> str:
+    """The ``X-Outbox-Signature`` value for ``body`` sent at ``timestamp`` (Unix seconds).
+
+    Public so a receiver written in Python can verify with the same function:
+    ``hmac.compare_digest(signature(secret, ts, body), request.headers["X-Outbox-Signature"])``.
+    """
+    digest = hmac.new(secret, timestamp.encode("ascii") + b"." + body, hashlib.sha256)
+    return f"sha256={digest.hexdigest()}"
+
+
+def from_url(url: str) -> WebhookPublisher:
+    """The publisher for an ``http://`` or ``https://`` endpoint URL (the CLI's ``--publisher``).
+
+    Nothing connects yet. Raises :class:`~sqla_outbox.PublisherError` for a malformed URL, a bad
+    option, an environment variable that is named but not set, or httpx not being installed.
+    """
+    return WebhookPublisher(url)
+
+
+class WebhookPublisher:
+    """POSTs each message to one endpoint and returns once it answered 2xx.
+
+    :param url: the endpoint, ``http(s)://host[:port]/path[?query]``, optionally with the options
+        listed in the module docs in its query (they are removed before POSTing).
+    :param timeout: seconds for each read and write; overrides the URL's ``timeout``.
+    :param connect_timeout: seconds to connect; overrides the URL's ``connect_timeout``.
+    :param hmac_secret: the signing secret itself; overrides ``hmac_secret_env``.
+    :param authorization: the ``Authorization`` header value; overrides ``authorization_env``.
+    :param ca_file: PEM file of CAs for ``https``; overrides the URL's ``ca_file``.
+    :param headers: more headers to send with every request (``User-Agent`` may be replaced;
+        the headers this publisher sets itself may not).
+
+    Everything is validated here, so a typo fails at start-up rather than on the first message.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        hmac_secret: str | bytes | None = None,
+        authorization: str | None = None,
+        ca_file: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if httpx is None:
+            broker = schemes.BROKERS["http"]
+            raise PublisherError(
+                f"The HTTP webhook publisher needs the {broker.client} client, which is not "
+                f"installed; install it with: {broker.install}"
+            )
+        options, endpoint = _split_url(url)
+        self.url = _hide_password(endpoint)
+        """The endpoint (options removed, password hidden), for logs and errors."""
+        shown = _hide_password(url)
+        self.timeout = _seconds(
+            "timeout", options.get("timeout") if timeout is None else timeout, shown
+        )
+        self.connect_timeout = _seconds(
+            "connect_timeout",
+            options.get("connect_timeout") if connect_timeout is None else connect_timeout,
+            shown,
+            default=self.timeout,
+        )
+        if hmac_secret is None and "hmac_secret_env" in options:
+            hmac_secret = _from_env("hmac_secret_env", options["hmac_secret_env"], shown)
+        self._secret = _secret(hmac_secret)
+        if authorization is None and "authorization_env" in options:
+            authorization = _from_env("authorization_env", options["authorization_env"], shown)
+        self._verify = _verify(options.get("ca_file") if ca_file is None else ca_file, shown)
+        self._endpoint = endpoint
+        self._headers = {"User-Agent": USER_AGENT}
+        if authorization is not None:
+            self._headers["Authorization"] = authorization
+        for name, value in (headers or {}).items():
+            if name.lower() in _OWN_HEADERS:
+                raise PublisherError(
+                    f"headers may not set {name!r}: the webhook publisher sets it itself for "
+                    "every message; remove it from headers."
+                )
+            self._headers[name] = value
+        for name, value in self._headers.items():
+            # Caught here rather than as a protocol error on every request of every pass.
+            if not isinstance(value, str) or "\r" in value or "\n" in value:
+                shown_value = "<hidden>" if name == "Authorization" else repr(value)
+                raise PublisherError(
+                    f"Header {name!r} must be a one-line string, got {shown_value}; remove the "
+                    "line break (a trailing newline from a secrets file is the usual cause)."
+                )
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        signed = " signed" if self._secret is not None else ""
+        return f"<WebhookPublisher POST {self.url}{signed}>"
+
+    def publish(self, message: OutboxMessage) -> None:
+        """POST ``message``; return on a 2xx answer, raise :class:`WebhookError` otherwise."""
+        body = json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": message.idempotency_key,
+            "X-Outbox-Id": str(message.id),
+            "X-Outbox-Job": message.job,
+        }
+        if message.traceparent:
+            headers["traceparent"] = message.traceparent
+        if self._secret is not None:
+            timestamp = str(int(time.time()))
+            headers[TIMESTAMP_HEADER] = timestamp
+            headers[SIGNATURE_HEADER] = signature(self._secret, timestamp, body)
+        with self._lock:
+            client = self._open_client()
+            try:
+                response = client.post(self._endpoint, content=body, headers=headers)
+            except httpx.TransportError as error:
+                # The pooled connection may be half-dead; start the next pass from a new pool.
+                self._drop()
+                raise WebhookError(self._no_answer(message, error)) from error
+        if not response.is_success:
+            raise WebhookError(self._refused(message, response), status_code=response.status_code)
+
+    def close(self) -> None:
+        """Close the client and its pooled connections; the next publish opens a new one."""
+        with self._lock:
+            self._drop()
+
+    def __enter__(self) -> WebhookPublisher:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _open_client(self) -> Any:
+        if self._client is None:
+            self._client = httpx.Client(
+                headers=self._headers,
+                timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                verify=self._verify,
+                # A POST redirected with 301/302 turns into a GET without the body in most
+                # clients; a redirect is reported instead, so the URL gets fixed.
+                follow_redirects=False,
+            )
+        return self._client
+
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _no_answer(self, message: OutboxMessage, error: Exception) -> str:
+        if isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+            outcome = "it was not delivered"
+        else:
+            outcome = "it may have arrived, so the endpoint must deduplicate on Idempotency-Key"
+        return (
+            f"POST of message {message.id} (job {message.job!r}) to {self.url} got no answer "
+            f"({type(error).__name__}: {error}); {outcome}, and the next pass sends it again."
+        )
+
+    def _refused(self, message: OutboxMessage, response: Any) -> str:
+        snippet = " ".join(response.text.split())[:_SNIPPET]
+        status = f"{response.status_code} {response.reason_phrase}".strip()
+        if response.is_redirect:
+            fix = (
+                f"redirects are not followed, so use the URL it points to "
+                f"({response.headers.get('location')!r}) in the publisher URL"
+            )
+        else:
+            fix = "the next pass sends it again"
+        return (
+            f"Webhook {self.url} answered HTTP {status} to message {message.id} "
+            f"(job {message.job!r}) with body {snippet!r}; {fix}."
+        )
+
+
+def _split_url(url: str) -> tuple[dict[str, str], str]:
+    """This module's options, and the endpoint URL with exactly those removed."""
+    if not isinstance(url, str):
+        raise PublisherError(
+            f"The webhook publisher needs an http:// or https:// URL string, got {url!r}."
+        )
+    shown = _hide_password(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is what validates it
+    except ValueError as error:
+        raise PublisherError(
+            f"Webhook URL {shown!r} is malformed ({error}); use e.g. "
+            "https://example.com/hooks/outbox?timeout=10."
+        ) from error
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise PublisherError(
+            f"Webhook URL {shown!r} is not an http:// or https:// URL with a host; use e.g. "
+            "https://example.com/hooks/outbox."
+        )
+    options: dict[str, str] = {}
+    kept: list[str] = []
+    # Split the raw query rather than decode and re-encode it, so the endpoint's own parameters
+    # reach it byte for byte as the user wrote them.
+    for pair in parts.query.split("&") if parts.query else []:
+        decoded = parse_qsl(pair, keep_blank_values=True)
+        name = decoded[0][0] if decoded else pair
+        if name in OPTIONS:
+            if name in options:
+                raise PublisherError(
+                    f"Webhook URL {shown!r} gives the option {name!r} twice; keep one."
+                )
+            options[name] = decoded[0][1]
+        else:
+            kept.append(pair)
+    return options, urlunsplit(parts._replace(query="&".join(kept)))
+
+
+def _seconds(name: str, value: object, shown: str, *, default: float = DEFAULT_TIMEOUT) -> float:
+    if value is None:
+        return default
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
+        raise PublisherError(
+            f"Webhook option {name} must be a positive number of seconds, got {value!r} "
+            f"(publisher {shown!r}); use e.g. {name}=10."
+        )
+    return seconds
+
+
+def _from_env(option: str, variable: str, shown: str) -> str:
+    value = os.environ.get(variable, "")
+    if not variable or not value:
+        raise PublisherError(
+            f"Webhook option {option}={variable!r} names an environment variable that is not "
+            f"set or is empty (publisher {shown!r}); export it before starting the relay."
+        )
+    return value
+
+
+def _secret(secret: str | bytes | None) -> bytes | None:
+    if secret is None:
+        return None
+    raw = secret.encode() if isinstance(secret, str) else secret
+    if not isinstance(raw, bytes) or not raw:
+        raise PublisherError(
+            "hmac_secret must be a non-empty str or bytes; pass the shared secret, or omit it "
+            "to send unsigned requests."
+        )
+    return raw
+
+
+def _verify(ca_file: str | None, shown: str) -> ssl.SSLContext | bool:
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise PublisherError(
+            f"Webhook option ca_file={ca_file!r} cannot be loaded ({error}) (publisher "
+            f"{shown!r}); point it at a readable PEM file of CA certificates."
+        ) from error
+
+
+def _hide_password(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url[:_MAX_ERROR_URL]
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))[:_MAX_ERROR_URL]
+    except (ValueError, TypeError, AttributeError):
+        return "<unparseable URL>"

@@ -1,0 +1,652 @@
+"""The Celery publisher against real brokers and a real Celery worker.
+
+Jobs are staged with ``outbox.enqueue`` on PostgreSQL, the relay publishes them through
+``CeleryPublisher``, and an embedded worker (``celery.contrib.testing.worker``, solo pool, in a
+thread of this process) runs ``tests.add_to_log``, which records each run in
+``tests.brokers.celery_app_for_tests``. Tests wait on those records with a bound, never sleep.
+
+Redis (db 10 by default; see that module) is the main broker; RabbitMQ tests pin what the docs
+say about publisher confirms. Each test uses its own queue and deletes it afterwards, so tests
+never see each other's messages and the database is never flushed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import sqla_outbox as outbox
+from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublisherError
+from sqla_outbox.message import OutboxMessage
+
+pytest.importorskip("celery", reason='the Celery publisher needs pip install "sqla-outbox[celery]"')
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from kombu import Connection, Exchange, Queue
+
+from sqla_outbox.publishers.celery_tasks import CeleryPublisher, from_url
+
+from . import celery_app_for_tests as tasks
+
+Row = outbox.OutboxRow
+WAIT = 20.0  # seconds; a bound on waits that should take milliseconds
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+# -- fixtures and helpers -----------------------------------------------------------------------
+
+
+MakeRelay = Callable[..., outbox.Relay]
+
+
+@pytest.fixture
+def make_relay() -> Iterator[MakeRelay]:
+    """Build relays that are stopped and closed when the test ends, whatever happened."""
+    made: list[outbox.Relay] = []
+
+    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
+        relay = outbox.Relay(*args, **kwargs)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.stop()
+        relay.close()
+
+
+@pytest.fixture(scope="module")
+def redis_db() -> Iterator[redis.Redis]:
+    """A client on the tests' Redis database, or a skip saying why there is none."""
+    client = redis.Redis.from_url(tasks.REDIS_URL, socket_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        client.close()
+        pytest.skip(f"Redis is not reachable at {tasks.REDIS_URL}: {error}")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue(redis_db: redis.Redis) -> Iterator[str]:
+    """A queue name no other test uses; its Redis keys are deleted afterwards."""
+    name = f"sqla_outbox_celery_{uuid.uuid4().hex[:12]}"
+    yield name
+    for key in redis_db.scan_iter(match=f"*{name}*"):
+        redis_db.delete(key)
+
+
+@contextmanager
+def worker(app: Celery, queue: str) -> Iterator[None]:
+    """A solo Celery worker consuming ``queue``, in a thread, stopped on leaving the block."""
+    with start_worker(app, perform_ping_check=False, pool="solo", queues=[queue]):
+        yield
+
+
+@pytest.fixture
+def publisher() -> Iterator[CeleryPublisher]:
+    """The publisher the CLI would build, on the Redis test app; closed afterwards."""
+    made = CeleryPublisher(tasks.app)
+    yield made
+    made.close()
+
+
+def enqueue_all(engine: Engine, calls: list[tuple[Any, dict[str, Any]]], *, commit: bool) -> list:
+    """Stage ``(input, options)`` pairs of ``tests.add_to_log`` in one transaction."""
+    with Session(engine) as session:
+        messages = [outbox.enqueue(session, tasks.TASK, input, **opts) for input, opts in calls]
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    return messages
+
+
+def row(engine: Engine, message_id: uuid.UUID) -> Any:
+    with Session(engine) as session:
+        return session.get(Row, message_id)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def single_sentence(text: str) -> bool:
+    return "\n" not in text and text.rstrip().endswith(".")
+
+
+# -- Redis, through a real worker ---------------------------------------------------------------
+
+
+def test_committed_jobs_run_with_their_headers_and_rolled_back_ones_never(
+    pg_engine: Engine, make_relay: MakeRelay, publisher: CeleryPublisher, queue: str, redis_db: Any
+) -> None:
+    """Only committed jobs run, as tasks whose id is the idempotency key and whose request
+    carries the trace context, tenant and author; a rolled-back job never reaches the broker.
+
+    The rolled-back job is staged first: had it been published, the solo worker would have run it
+    before the committed ones.
+    """
+    common = {"queue": queue, "tenant_id": "acme", "enqueued_by": "user:7"}
+    enqueue_all(pg_engine, [({"marker": "rolled-back"}, common)], commit=False)
+    committed = enqueue_all(
+        pg_engine,
+        [
+            ({"marker": "committed", "n": 1}, {**common, "traceparent": TRACEPARENT}),
+            (["a", 1], common),  # not an object: one positional argument
+            (None, {**common, "idempotency_key": "order-42"}),  # no arguments
+        ],
+        commit=True,
+    )
+    relay = make_relay(pg_engine, publisher)
+    with worker(tasks.app, queue):
+        assert relay.drain().published == 3
+        runs = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 3, WAIT)
+        assert redis_db.llen(queue) == 0  # nothing else was ever waiting behind them
+    assert [run.id for run in runs] == [m.idempotency_key for m in committed]
+    assert runs[2].id == "order-42"
+    assert [(run.args, run.kwargs) for run in runs] == [
+        ((), {"marker": "committed", "n": 1}),
+        ((["a", 1],), {}),
+        ((), {}),
+    ]
+    first, message = runs[0], committed[0]
+    assert first.attributes == {
+        "traceparent": TRACEPARENT,
+        "tenant_id": "acme",
+        "enqueued_by": "user:7",
+        "idempotency_key": message.idempotency_key,
+        "outbox_id": str(message.id),
+        "outbox_queue": queue,
+        "max_attempts": message.max_attempts,
+        "run_at": message.run_at.isoformat(),
+        "staged_at": message.staged_at.isoformat(),
+    }
+    assert first.headers["traceparent"] == TRACEPARENT  # where OpenTelemetry looks
+    assert runs[1].attributes["traceparent"] is None
+    assert relay.pending() == 0
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "one-by-one"])
+def test_jobs_run_in_the_order_they_were_committed(
+    pg_engine: Engine, make_relay: MakeRelay, queue: str, pipeline: bool
+) -> None:
+    """Jobs of several transactions run in commit order, then enqueue order, with one worker;
+    pipelined and one-by-one publishing keep the same order."""
+    for start, count in ((0, 5), (5, 3), (8, 4)):
+        calls = [({"n": n}, {"queue": queue}) for n in range(start, start + count)]
+        enqueue_all(pg_engine, calls, commit=True)
+    publisher = CeleryPublisher(tasks.app, pipeline=pipeline)
+    relay = make_relay(pg_engine, publisher, batch_size=5)  # three passes, one partly filled
+    with worker(tasks.app, queue):
+        assert relay.drain().published == 12
+        runs = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 12, WAIT)
+    assert [run.kwargs["n"] for run in runs] == list(range(12))
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "one-by-one"])
+def test_a_failed_message_stops_the_pass_after_the_confirmed_prefix(
+    pg_engine: Engine, make_relay: MakeRelay, queue: str, pipeline: bool
+) -> None:
+    """When Celery refuses one message of a pass, exactly the messages before it are marked
+    published (and run); the refused one records the error and the rest wait, unpublished."""
+    strict = Celery("strict", broker=tasks.REDIS_URL, set_as_current=False)
+    # Only the test's queue exists: a message for any other queue raises QueueNotFound.
+    strict.conf.update(task_default_queue=queue, task_create_missing_queues=False)
+    messages = enqueue_all(
+        pg_engine,
+        [
+            ({"n": 0}, {"queue": queue}),
+            ({"n": 1}, {}),  # the outbox's default queue: left to Celery's routing
+            ({"n": 2}, {"queue": "no_such_queue"}),
+            ({"n": 3}, {"queue": queue}),
+        ],
+        commit=True,
+    )
+    relay = make_relay(pg_engine, CeleryPublisher(strict, pipeline=pipeline))
+    try:
+        with worker(tasks.app, queue):
+            result = relay.drain()
+            runs = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 2, WAIT)
+    finally:
+        strict.close()
+    assert (result.published, result.failed) == (2, True)
+    assert [run.kwargs["n"] for run in runs] == [0, 1]
+    rows = [row(pg_engine, m.id) for m in messages]
+    assert [r.published_at is not None for r in rows] == [True, True, False, False]
+    assert rows[2].attempts == 1
+    assert "no_such_queue" in rows[2].last_error
+    assert (rows[3].attempts, rows[3].last_error) == (0, None)
+
+
+def test_the_cli_relays_to_a_celery_worker(pg_engine: Engine, pg_url: Any, queue: str) -> None:
+    """``sqla-outbox relay --once --publisher celery:<module>:<app>`` sends the committed jobs,
+    which the worker then runs."""
+    spec = "celery:tests.brokers.celery_app_for_tests:app"  # imported from the repository root
+    from sqla_outbox.publishers.loader import resolve_publisher  # noqa: PLC0415
+
+    try:
+        # In this process the module is imported under pytest's name for it.
+        made = resolve_publisher(f"celery:{tasks.__name__}:app")
+    except PublisherError as error:
+        pytest.skip(f"the CLI does not route celery: URLs to celery_tasks.from_url yet ({error})")
+    getattr(made, "close", lambda: None)()
+    messages = enqueue_all(pg_engine, [({"n": n}, {"queue": queue}) for n in range(3)], commit=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    url = pg_url.render_as_string(hide_password=False)
+    with worker(tasks.app, queue):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sqla_outbox.cli",
+                "relay",
+                "--once",
+                "--url",
+                url,
+                "--publisher",
+                spec,
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        runs = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 3, WAIT)
+    assert [run.id for run in runs] == [m.idempotency_key for m in messages]
+
+
+def test_an_instrumented_relay_keeps_the_trace_of_the_request_that_enqueued(
+    pg_engine: Engine, make_relay: MakeRelay, publisher: CeleryPublisher, queue: str
+) -> None:
+    """With OpenTelemetry's Celery instrumentation in the relay, the task's parent is still in the
+    enqueuing request's trace, not in a new trace rooted in the relay.
+
+    The instrumentation starts a publish span in ``before_task_publish`` and overwrites the
+    ``traceparent`` header with it; the handler below does exactly that with a real SDK tracer.
+    """
+    trace_sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="needs opentelemetry-sdk")
+    from celery.signals import before_task_publish  # noqa: PLC0415
+    from opentelemetry import trace  # noqa: PLC0415
+    from opentelemetry.trace.propagation.tracecontext import (  # noqa: PLC0415
+        TraceContextTextMapPropagator,
+    )
+
+    tracer = trace_sdk.TracerProvider().get_tracer("sqla-outbox-tests")
+
+    def instrumentation(headers: dict[str, Any], **_: Any) -> None:
+        span = tracer.start_span("apply_async/tests.add_to_log", kind=trace.SpanKind.PRODUCER)
+        TraceContextTextMapPropagator().inject(headers, context=trace.set_span_in_context(span))
+        span.end()
+
+    [message] = enqueue_all(
+        pg_engine, [({"n": 0}, {"queue": queue, "traceparent": TRACEPARENT})], commit=True
+    )
+    relay = make_relay(pg_engine, publisher)
+    before_task_publish.connect(instrumentation, weak=False)
+    try:
+        with tracer.start_as_current_span("relay pass"), worker(tasks.app, queue):
+            assert relay.drain().published == 1
+            [run] = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 1, WAIT)
+    finally:
+        before_task_publish.disconnect(instrumentation)
+    _version, trace_id, parent_id, _flags = run.attributes["traceparent"].split("-")
+    assert trace_id == TRACEPARENT.split("-")[1]  # the enqueuer's trace
+    assert parent_id != TRACEPARENT.split("-")[2]  # under the publish span the handler started
+    assert run.id == message.idempotency_key
+
+
+# -- RabbitMQ: publisher confirms ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rabbitmq() -> None:
+    """Skip, saying why, when RabbitMQ cannot be reached."""
+    connection = Connection(tasks.AMQP_URL, connect_timeout=3)
+    try:
+        connection.ensure_connection(max_retries=1)
+    except Exception as error:
+        pytest.skip(f"RabbitMQ is not reachable at {tasks.AMQP_URL}: {error}")
+    finally:
+        connection.release()
+
+
+@pytest.fixture
+def amqp_queue(rabbitmq: None) -> Iterator[str]:
+    """A queue name no other test uses; the queue and its exchange are deleted afterwards."""
+    name = f"sqla_outbox_celery_{uuid.uuid4().hex[:12]}"
+    yield name
+    with Connection(tasks.AMQP_URL, connect_timeout=3) as connection:
+        channel = connection.default_channel
+        channel.queue_delete(name)
+        channel.exchange_delete(name)
+
+
+def test_rabbitmq_delivers_committed_jobs_with_their_headers(
+    pg_engine: Engine, make_relay: MakeRelay, amqp_queue: str
+) -> None:
+    """On AMQP too, exactly the committed jobs run, in order, with task id and headers intact
+    (unset headers arrive as None)."""
+    enqueue_all(pg_engine, [({"marker": "rolled-back"}, {"queue": amqp_queue})], commit=False)
+    committed = enqueue_all(
+        pg_engine,
+        [
+            ({"n": 0}, {"queue": amqp_queue, "traceparent": TRACEPARENT, "tenant_id": "acme"}),
+            ({"n": 1}, {"queue": amqp_queue}),
+        ],
+        commit=True,
+    )
+    publisher = CeleryPublisher(tasks.amqp_app)
+    relay = make_relay(pg_engine, publisher)
+    with worker(tasks.amqp_app, amqp_queue):
+        assert relay.drain().published == 2
+        runs = tasks.wait_for_runs(amqp_queue, lambda runs: len(runs) >= 2, WAIT)
+    assert [(run.id, run.kwargs) for run in runs] == [
+        (m.idempotency_key, m.input) for m in committed
+    ]
+    assert runs[0].attributes["traceparent"] == TRACEPARENT
+    assert runs[0].attributes["tenant_id"] == "acme"
+    assert runs[1].attributes["tenant_id"] is None
+    assert runs[1].attributes["outbox_id"] == str(committed[1].id)
+
+
+def test_rabbitmq_refusing_a_message_leaves_it_unpublished(
+    pg_engine: Engine, make_relay: MakeRelay, amqp_queue: str
+) -> None:
+    """The publisher turns on publisher confirms, so a message the broker refuses (a full queue
+    that rejects publishes) is not marked published; with ``confirm=False`` the same publish
+    "succeeds" and the message is silently lost, which is why confirms are the default."""
+    full = Celery("full", broker=tasks.AMQP_URL, set_as_current=False)
+    full.conf.task_queues = [
+        Queue(
+            amqp_queue,
+            Exchange(amqp_queue),
+            routing_key=amqp_queue,
+            queue_arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+        )
+    ]
+    [message] = enqueue_all(pg_engine, [({"n": 0}, {"queue": amqp_queue})], commit=True)
+    confirmed, unconfirmed = CeleryPublisher(full), CeleryPublisher(full, confirm=False)
+    try:
+        result = make_relay(pg_engine, confirmed).drain()
+        unconfirmed.publish(message)  # no error: nothing tells the publisher it was dropped
+    finally:
+        confirmed.close()
+        unconfirmed.close()
+        full.close()
+    assert (result.published, result.failed) == (0, True)
+    refused = row(pg_engine, message.id)
+    assert (refused.published_at, refused.attempts) == (None, 1)
+    assert "Nack" in refused.last_error
+    with Connection(tasks.AMQP_URL, connect_timeout=3) as connection:
+        _name, depth, _consumers = connection.default_channel.queue_declare(
+            amqp_queue, passive=True
+        )
+    assert depth == 0
+
+
+def test_a_message_due_later_carries_an_eta_and_queue_map_renames_queues(
+    publisher: CeleryPublisher, queue: str
+) -> None:
+    """A message whose run_at is still ahead is sent with that eta, so the worker holds it until
+    then; ``queue_map`` sends an outbox queue to the Celery queue it names."""
+    now = dt.datetime.now(dt.timezone.utc)
+    run_at = now + dt.timedelta(seconds=0.5)
+    message = OutboxMessage(
+        uuid.uuid4(), tasks.TASK, "later", {"n": 0}, uuid.uuid4().hex, 3, run_at, now
+    )
+    mapped = CeleryPublisher(tasks.app, queue_map={"later": queue})
+    try:
+        with worker(tasks.app, queue):
+            mapped.publish(message)
+            [run] = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 1, WAIT)
+    finally:
+        mapped.close()
+    assert dt.datetime.fromisoformat(run.eta) == run_at
+    assert dt.datetime.now(dt.timezone.utc) >= run_at
+    assert run.attributes["outbox_queue"] == "later"
+
+
+# -- broker failures ----------------------------------------------------------------------------
+
+
+def test_a_broker_that_is_down_fails_the_pass_quickly_and_is_recorded(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """With nothing listening on the broker's port, publishing raises within seconds (bounded
+    retries, not a hang), and the relay records the failure on the row."""
+    down = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    publisher = CeleryPublisher(down)
+    [message] = enqueue_all(pg_engine, [({"n": 0}, {})], commit=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(Exception, match="Connection refused"):
+            publisher.publish(message)
+        assert time.monotonic() - started < 10
+        started = time.monotonic()
+        result = make_relay(pg_engine, publisher).drain()
+        assert time.monotonic() - started < 10
+    finally:
+        publisher.close()
+        down.close()
+    assert (result.published, result.failed) == (0, True)
+    failed = row(pg_engine, message.id)
+    assert failed.published_at is None
+    assert failed.attempts == 1
+    assert "Connection refused" in failed.last_error
+
+
+@contextmanager
+def redis_server(port: int, workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A throwaway redis-server on ``port``, without persistence, stopped on leaving."""
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:  # bounded polling of real state: the port accepting connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert server.poll() is None, "redis-server exited at start"
+                assert time.monotonic() < deadline, "redis-server did not start listening"
+                time.sleep(0.02)
+        yield server
+    finally:
+        server.terminate()
+        server.wait(WAIT)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_the_publisher_reconnects_after_a_broker_restart(pg_engine: Engine, tmp_path: Path) -> None:
+    """The same publisher publishes, fails while its broker is down, and publishes again once the
+    broker is back: the broken connection is dropped and a new one opened, without a restart."""
+    port = free_port()
+    app = Celery("restart", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
+    publisher = CeleryPublisher(app)
+    first, second, third = enqueue_all(
+        pg_engine, [({"n": n}, {"queue": "restart_q"}) for n in range(3)], commit=True
+    )
+    try:
+        with redis_server(port, tmp_path):
+            publisher.publish(first)
+            client = redis.Redis(port=port)
+            assert client.llen("restart_q") == 1
+            client.close()
+        started = time.monotonic()
+        with pytest.raises(Exception, match="Connection refused"):
+            publisher.publish(second)
+        assert time.monotonic() - started < 10
+        with redis_server(port, tmp_path):
+            publisher.publish_batch([second, third])
+            client = redis.Redis(port=port)
+            assert client.llen("restart_q") == 2  # the server restarted empty
+            client.close()
+    finally:
+        publisher.close()
+        app.close()
+
+
+# -- from_url and the constructor ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("celery:nosuchmodule:app", "Cannot import module 'nosuchmodule'"),
+        ("celery:json:dumps", "which is not a celery.Celery app"),
+        ("celery:json:no_such_name", "has no attribute 'no_such_name'"),
+        ("celery:json", "has no Celery app"),
+        ("celery://broker:6379", "does not name a Celery app"),
+        ("celery:", "does not name a Celery app"),
+        ("celery:my app:app", "does not name a Celery app"),
+        ("redis://localhost", "is not a Celery URL"),
+        ("celery:json:dumps?max_retries=-1", "max_retries='-1'"),
+        ("celery:json:dumps?max_retries=many", "must be a whole number"),
+        ("celery:json:dumps?interval_step=inf", "must be a finite number"),
+        ("celery:json:dumps?confirm_timeout=0", "above 0"),
+        ("celery:json:dumps?confirm=maybe", "must be true or false"),
+        ("celery:json:dumps?bogus=1", "unknown option 'bogus'"),
+        ("celery:json:dumps?pipeline=true&pipeline=false", "gives option 'pipeline' twice"),
+        ("celery:json:dumps?=&", "not a query string"),
+    ],
+)
+def test_from_url_refuses_bad_urls_with_one_sentence(url: str, expected: str) -> None:
+    """Every malformed URL, unusable app path or bad option is one PublisherError sentence that
+    quotes the URL and says what to write instead."""
+    with pytest.raises(PublisherError) as info:
+        from_url(url)
+    message = str(info.value)
+    assert expected in message
+    assert repr(url) in message
+    assert single_sentence(message), message
+
+
+def test_from_url_builds_the_publisher_with_its_options() -> None:
+    """Options in the query string reach the publisher; a bare module finds its ``app`` the way
+    ``celery -A`` does."""
+    module = tasks.__name__  # pytest's name for it: brokers.celery_app_for_tests
+    made = from_url(
+        f"celery:{module}:app?max_retries=1&interval_step=0.5"
+        "&confirm=false&confirm_timeout=3&socket_timeout=2&pipeline=false"
+    )
+    assert made.app is tasks.app
+    assert made.retry_policy == {
+        "max_retries": 1,
+        "interval_start": 0.0,
+        "interval_step": 0.5,
+        "interval_max": 1.0,
+    }
+    assert (made.confirm, made.confirm_timeout, made.socket_timeout, made.pipeline) == (
+        False,
+        3.0,
+        2.0,
+        False,
+    )
+    assert from_url(f"celery:{module}").app is tasks.app
+    assert from_url(f"celery:{module}:amqp_app").app is tasks.amqp_app
+
+
+def test_the_constructor_checks_its_arguments() -> None:
+    """A wrong app or an unbounded retry policy is refused at construction, with the fix."""
+    with pytest.raises(ArgumentTypeError, match=r"needs a celery\.Celery app"):
+        CeleryPublisher("celery:myapp:app")
+    with pytest.raises(ConfigurationError, match=r"max_retries must be .*got None"):
+        CeleryPublisher(tasks.app, retry_policy={"max_retries": None})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationError, match="unknown keys"):
+        CeleryPublisher(tasks.app, retry_policy={"retries": 3})
+    with pytest.raises(ArgumentTypeError, match="queue_map"):
+        CeleryPublisher(tasks.app, queue_map={"emails": ""})
+
+
+def test_without_celery_installed_the_module_imports_and_says_how_to_install_it() -> None:
+    """The module imports without Celery, so the CLI can explain; ``from_url`` and the
+    constructor then raise a PublisherError carrying the pip line."""
+    script = (
+        "import sys; sys.modules['celery'] = None\n"
+        "from sqla_outbox.errors import PublisherError\n"
+        "from sqla_outbox.publishers import celery_tasks\n"
+        "for build in (lambda: celery_tasks.from_url('celery:myapp:app'),\n"
+        "              lambda: celery_tasks.CeleryPublisher(object())):\n"
+        "    try:\n"
+        "        build()\n"
+        "    except PublisherError as error:\n"
+        "        print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    for line in lines:
+        assert 'needs the celery client: pip install "sqla-outbox[celery]"' in line
+
+
+def test_the_cli_reports_a_bad_celery_spec_in_one_line(pg_url: Any) -> None:
+    """A Celery app path that does not import is one error line from the CLI, no traceback."""
+    url = pg_url.render_as_string(hide_password=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqla_outbox.cli",
+            "relay",
+            "--once",
+            "--url",
+            url,
+            "--publisher",
+            "celery:nosuchmodule:app",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Cannot import module 'nosuchmodule'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,505 @@
+"""The NATS JetStream publisher against a real nats-server: acks, deduplication, outages.
+
+Most tests use the shared server on 127.0.0.1:4222, each with its own stream and subject prefix
+(the stream is deleted afterwards). The outage test starts a private nats-server with its own
+JetStream store (``throwaway``) so it can stop it under a running relay and start it again on
+the same port and store. Relays run on a fresh PostgreSQL database per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import pytest
+from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session
+
+import sqla_outbox as outbox
+from sqla_outbox.errors import PublisherError, PublishError
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.publishers import nats_jetstream
+from sqla_outbox.publishers.nats_jetstream import NatsJetStreamPublisher, from_url
+
+from . import throwaway
+
+NATS_URL = "nats://127.0.0.1:4222"
+WAIT = 30.0  # seconds; a bound on waits that should take milliseconds
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+REPO = Path(__file__).resolve().parents[2]
+_T = TypeVar("_T")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def with_jetstream(url: str, action: Callable[[JetStreamContext], Awaitable[_T]]) -> _T:
+    """Run ``action`` on a short-lived connection of the test's own (not the publisher's)."""
+
+    async def run() -> _T:
+        nc = await nats.connect(url, connect_timeout=3, allow_reconnect=False)
+        try:
+            return await action(nc.jetstream(timeout=5))
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def stream_messages(url: str, stream: str) -> list[RawStreamMsg]:
+    """Every message stored in ``stream``, by sequence."""
+
+    async def read(js: JetStreamContext) -> list[RawStreamMsg]:
+        state = (await js.stream_info(stream)).state
+        if state.messages == 0:
+            return []
+        return [await js.get_msg(stream, seq) for seq in range(state.first_seq, state.last_seq + 1)]
+
+    return with_jetstream(url, read)
+
+
+def msg_ids(messages: list[RawStreamMsg]) -> list[str]:
+    return [(m.headers or {})["Nats-Msg-Id"] for m in messages]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A test's stream: its name and the subject prefix it covers (``<prefix>.>``)."""
+
+    name: str
+    prefix: str
+
+    @property
+    def subject_prefix(self) -> str:
+        return f"{self.prefix}."
+
+
+def add_stream(url: str) -> Stream:
+    """A new file-backed stream with a two-minute duplicate window over a unique prefix."""
+    run = uuid.uuid4().hex[:10]
+    stream = Stream(name=f"SQLA_OUTBOX_TEST_{run}", prefix=f"sqla-outbox-test-{run}")
+
+    async def add(js: JetStreamContext) -> None:
+        await js.add_stream(
+            name=stream.name, subjects=[f"{stream.prefix}.>"], duplicate_window=120.0
+        )
+
+    with_jetstream(url, add)
+    return stream
+
+
+@pytest.fixture
+def shared_nats() -> str:
+    """URL of the shared NATS server; skips the test unless it runs with JetStream."""
+
+    async def check(js: JetStreamContext) -> None:
+        await js.account_info()
+
+    try:
+        with_jetstream(NATS_URL, check)
+    except Exception as error:
+        pytest.skip(f"NATS with JetStream is not reachable at 127.0.0.1:4222: {error!r}")
+    return NATS_URL
+
+
+@pytest.fixture
+def stream(shared_nats: str) -> Iterator[Stream]:
+    """A stream of this test's own on the shared server, deleted afterwards."""
+    made = add_stream(shared_nats)
+    yield made
+
+    async def delete(js: JetStreamContext) -> None:
+        await js.delete_stream(made.name)
+
+    with_jetstream(shared_nats, delete)
+
+
+MakeRelay = Callable[..., outbox.Relay]
+
+
+@pytest.fixture
+def make_relay() -> Iterator[MakeRelay]:
+    """Build relays that are stopped (and their publishers closed) when the test ends."""
+    made: list[outbox.Relay] = []
+
+    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
+        relay = outbox.Relay(*args, **kwargs)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.stop()
+
+
+@pytest.fixture
+def publishers() -> Iterator[Callable[[str], NatsJetStreamPublisher]]:
+    """``from_url`` for publishers used without a relay; each is closed when the test ends."""
+    made: list[NatsJetStreamPublisher] = []
+
+    def make(url: str) -> NatsJetStreamPublisher:
+        made.append(from_url(url))
+        return made[-1]
+
+    yield make
+    for publisher in made:
+        publisher.close()
+
+
+def stage(
+    engine: Engine, queue: str, count: int, *, commit: bool = True, **attributes: Any
+) -> list[OutboxMessage]:
+    """Enqueue ``count`` messages in one transaction, then commit or roll it back."""
+    with Session(engine) as session:
+        staged = [
+            outbox.enqueue(session, "send_email", {"n": n, "to": "ünïcode@example.com"},
+                           queue=queue, **attributes)
+            for n in range(count)
+        ]  # fmt: skip
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    return staged
+
+
+def message(queue: str, key: str | None = None) -> OutboxMessage:
+    now = dt.datetime.now(dt.timezone.utc)
+    return OutboxMessage(uuid.uuid4(), "job", queue, {"k": key}, key or str(uuid.uuid4()), 3,
+                         now, now)  # fmt: skip
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll ``condition`` (real state, not time) until true, or fail saying ``what``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def loop_threads(publisher: NatsJetStreamPublisher) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"sqla-outbox-nats-{id(publisher):x}"]
+
+
+class Recorder:
+    """Wraps a batch publisher: records what it confirmed and can hold the relay after a count.
+
+    Once ``pause_after`` messages are confirmed, the call that confirmed them sets ``paused``
+    and waits for ``resume`` before returning, so the test can act while the relay is parked
+    between two passes with a known number delivered.
+    """
+
+    def __init__(self, inner: Any, *, pause_after: int | None = None) -> None:
+        self.inner = inner
+        self.pause_after = pause_after
+        self.confirmed: list[OutboxMessage] = []
+        self.failures: list[tuple[BaseException, float]] = []
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+        self.failed = threading.Event()
+
+    def publish(self, message: OutboxMessage) -> None:
+        self.publish_batch([message])
+
+    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
+        started = time.monotonic()
+        try:
+            self.inner.publish_batch(messages)
+        except Exception as error:
+            done = error.published if isinstance(error, PublishError) else 0
+            self.confirmed.extend(messages[:done])
+            self.failures.append((error, time.monotonic() - started))
+            self.failed.set()
+            raise
+        self.confirmed.extend(messages)
+        if (
+            self.pause_after is not None
+            and len(self.confirmed) >= self.pause_after
+            and not self.paused.is_set()
+        ):
+            self.paused.set()
+            self.resume.wait(WAIT)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# --- delivery ----------------------------------------------------------------------------------
+
+
+def test_only_committed_messages_arrive_in_order_with_headers(
+    pg_engine: Engine, stream: Stream, make_relay: MakeRelay
+) -> None:
+    """Committed messages are stored in enqueue order on <prefix><queue>: payload = the input as
+    JSON, Nats-Msg-Id = the idempotency key, the other attributes and traceparent as headers
+    (absent when None); rolled-back messages never reach the stream."""
+    first = stage(pg_engine, "emails", 3, tenant_id="acme", enqueued_by="user:7",
+                  traceparent=TRACEPARENT)  # fmt: skip
+    stage(pg_engine, "emails", 2, commit=False)
+    second = stage(pg_engine, "emails", 2)
+    committed = first + second
+
+    publisher = from_url(f"{NATS_URL}?subject_prefix={stream.subject_prefix}&timeout=5")
+    relay = make_relay(pg_engine, publisher, batch_size=4)
+    result = relay.drain()
+
+    assert result.published == 5 and not result.failed
+    stored = stream_messages(NATS_URL, stream.name)
+    assert msg_ids(stored) == [m.idempotency_key for m in committed]
+    for got, sent in zip(stored, committed, strict=True):
+        assert got.subject == f"{stream.prefix}.emails"
+        assert json.loads(got.data or b"") == sent.input
+        headers = got.headers or {}
+        assert headers["Outbox-Id"] == str(sent.id)
+        assert headers["Outbox-Job"] == "send_email"
+        assert headers["Outbox-Queue"] == "emails"
+        assert headers["Outbox-Max-Attempts"] == str(sent.max_attempts)
+        assert dt.datetime.fromisoformat(headers["Outbox-Staged-At"]) == sent.staged_at
+        assert dt.datetime.fromisoformat(headers["Outbox-Run-At"]) == sent.run_at
+        assert headers["Content-Type"] == "application/json"
+    first_headers = stored[0].headers or {}
+    assert first_headers["traceparent"] == TRACEPARENT
+    assert first_headers["Outbox-Tenant-Id"] == "acme"
+    assert first_headers["Outbox-Enqueued-By"] == "user:7"
+    assert not {"traceparent", "Outbox-Tenant-Id"} & set(stored[-1].headers or {})
+
+
+def test_the_same_message_published_twice_is_stored_once(
+    stream: Stream, publishers: Callable[[str], NatsJetStreamPublisher]
+) -> None:
+    """Publishing one message twice (a crash between publish and mark) leaves one stream entry:
+    JetStream deduplicates on Nats-Msg-Id within the duplicate window and acks both."""
+    publisher = publishers(f"{NATS_URL}?subject_prefix={stream.subject_prefix}")
+    once = message("emails", "key-once")
+    publisher.publish(once)
+    publisher.publish(once)
+    publisher.publish_batch([once, message("emails", "key-other"), once])
+
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["key-once", "key-other"]
+
+
+def test_a_relay_that_crashed_before_marking_republishes_into_one_entry_each(
+    pg_engine: Engine, stream: Stream, make_relay: MakeRelay
+) -> None:
+    """Rows published but never marked, their claim lapsed (a relay killed between publish and
+    mark), are published again by the next relay; the stream holds each message exactly once."""
+    committed = stage(pg_engine, "emails", 6)
+    url = f"{NATS_URL}?subject_prefix={stream.subject_prefix}"
+    assert make_relay(pg_engine, from_url(url), batch_size=4).drain().published == 6
+    an_hour_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    with pg_engine.begin() as conn:
+        conn.execute(update(outbox.OutboxRow).values(published_at=None, claimed_at=an_hour_ago))
+
+    again = make_relay(pg_engine, from_url(url), batch_size=4).drain()
+
+    assert again.published == 6 and not again.failed
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == [m.idempotency_key for m in committed]
+
+
+def test_a_subject_no_stream_covers_is_a_clear_error_and_stays_pending(
+    pg_engine: Engine, shared_nats: str, make_relay: MakeRelay
+) -> None:
+    """JetStream's bare 'no responders' becomes one sentence naming the subject and asking for a
+    stream that covers it; the relay records it and the row stays unpublished."""
+    prefix = f"sqla-outbox-nostream-{uuid.uuid4().hex[:8]}"
+    staged = stage(pg_engine, "emails", 1)
+    relay = make_relay(pg_engine, from_url(f"{shared_nats}?subject_prefix={prefix}.&timeout=3"))
+
+    assert relay.tick() == 0
+    assert relay.pending() == 1
+    with Session(pg_engine) as session:
+        row = session.get(outbox.OutboxRow, staged[0].id)
+        assert row is not None and row.last_error is not None
+    assert f"No JetStream stream covers subject '{prefix}.emails'" in row.last_error
+    assert "create a stream whose subjects include it" in row.last_error
+
+
+def test_an_unsendable_message_stops_the_batch_before_anything_behind_it_is_sent(
+    stream: Stream, publishers: Callable[[str], NatsJetStreamPublisher]
+) -> None:
+    """A queue that makes an invalid subject fails that message before it is sent, and nothing
+    after it is sent, so no later message overtakes it; the error counts the acked prefix."""
+    publisher = publishers(f"{NATS_URL}?subject_prefix={stream.subject_prefix}")
+    batch = [message("emails", "a"), message("bad queue", "b"), message("emails", "c")]
+    with pytest.raises(PublishError, match=r"Queue 'bad queue' .* not a valid NATS subject") as e:
+        publisher.publish_batch(batch)
+
+    assert e.value.published == 1
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["a"]
+
+
+def test_the_stream_option_makes_jetstream_refuse_another_stream(
+    stream: Stream, publishers: Callable[[str], NatsJetStreamPublisher]
+) -> None:
+    """?stream=NAME sends Nats-Expected-Stream: a subject stored by a different stream is
+    refused by JetStream, and the error says so."""
+    publisher = publishers(
+        f"{NATS_URL}?subject_prefix={stream.subject_prefix}&stream=SOME_OTHER_STREAM"
+    )
+    with pytest.raises(PublishError, match=r"JetStream refused message") as info:
+        publisher.publish(message("emails"))
+    assert info.value.published == 0
+    assert stream_messages(NATS_URL, stream.name) == []
+
+    right = publishers(f"{NATS_URL}?subject_prefix={stream.subject_prefix}&stream={stream.name}")
+    right.publish(message("emails", "fits"))
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["fits"]
+
+
+def test_an_unreachable_server_fails_the_publish_within_timeout() -> None:
+    """Nothing listening: publish raises PublishError(published=0) after about ``timeout``
+    seconds instead of hanging the relay (nats-py alone would retry connecting forever)."""
+    publisher = from_url(f"nats://127.0.0.1:{throwaway.free_port()}?timeout=1")
+    started = time.monotonic()
+    try:
+        with pytest.raises(PublishError, match=r"relay retries on a later pass") as info:
+            publisher.publish(message("emails"))
+    finally:
+        publisher.close()
+    assert info.value.published == 0
+    assert time.monotonic() - started < 4
+
+
+def test_close_joins_the_loop_thread_and_a_later_publish_starts_afresh(
+    stream: Stream,
+) -> None:
+    """The publisher's event-loop thread exists only between first use and close(); close() is
+    idempotent, and a relay restarted with the same publisher gets a new loop."""
+    publisher = from_url(f"{NATS_URL}?subject_prefix={stream.subject_prefix}")
+    assert loop_threads(publisher) == []
+    publisher.publish(message("emails", "one"))
+    assert len(loop_threads(publisher)) == 1
+    publisher.close()
+    publisher.close()
+    assert loop_threads(publisher) == []
+    publisher.publish(message("emails", "two"))
+    publisher.close()
+    assert loop_threads(publisher) == []
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["one", "two"]
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("nats://h?subject_prefix=jobs", r"subject_prefix must be .* ending with '\.', got 'jobs'"),
+        ("nats://h?subject_prefix=a b.", r"got 'a b\.'"),
+        ("nats://h?subject_prefix=jobs.*.", r"got 'jobs\.\*\.'"),
+        ("nats://h?timeout=0", r"timeout must be a positive.*got 0\.0"),
+        ("nats://h?timeout=inf", r"timeout must be a positive.*got inf"),
+        ("nats://h?timeout=soon", r"timeout='soon'"),
+        ("nats://h?stream=a.b", r"stream must be a JetStream stream name .*got 'a\.b'"),
+        ("nats://h?subjects=x", r"unknown option 'subjects'"),
+        ("nats://h?timeout=1&timeout=2", r"sets option 'timeout' twice"),
+        ("nats://h:port", r"is malformed"),
+        ("nats://", r"names no host"),
+        ("nats://h/jobs", r"has a path '/jobs'"),
+        ("http://h", r"scheme 'http'"),
+    ],
+)
+def test_from_url_rejects_a_bad_url_in_one_sentence(url: str, expected: str) -> None:
+    """A malformed URL or bad option is a PublisherError: one sentence with the value and the
+    fix, raised by from_url before any connection is attempted."""
+    with pytest.raises(PublisherError, match=expected) as info:
+        from_url(url)
+    text = str(info.value)
+    assert "\n" not in text and text.endswith(".")
+
+
+def test_from_url_hides_the_password_and_reads_every_option() -> None:
+    """Errors never print the password; valid options land on the publisher."""
+    with pytest.raises(PublisherError) as info:
+        from_url("nats://user:s3cret@h?timeout=x")
+    assert "s3cret" not in str(info.value) and "***" in str(info.value)
+    publisher = from_url("tls://h:4443?subject_prefix=jobs.eu.&timeout=2.5&stream=JOBS")
+    assert (publisher.subject_prefix, publisher.timeout, publisher.stream) == (
+        "jobs.eu.",
+        2.5,
+        "JOBS",
+    )
+    assert publisher.subject_for(message("emails")) == "jobs.eu.emails"
+    publisher.close()
+
+
+def test_a_missing_client_is_reported_with_the_install_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without nats-py, from_url says which extra to install instead of an ImportError."""
+    monkeypatch.setattr(nats_jetstream, "_CLIENT_INSTALLED", False)
+    with pytest.raises(PublisherError, match=r'pip install "sqla-outbox\[nats\]"'):
+        from_url(NATS_URL)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def test_cli_relay_once_publishes_to_jetstream(pg_engine: Engine, stream: Stream) -> None:
+    """`sqla-outbox relay --once --publisher nats://...` delivers the committed messages."""
+    committed = stage(pg_engine, "cli", 3)
+    stage(pg_engine, "cli", 1, commit=False)
+    command = [
+        sys.executable, "-m", "sqla_outbox.cli", "relay", "--once",
+        "--url", pg_engine.url.render_as_string(hide_password=False),
+        "--publisher", f"{NATS_URL}?subject_prefix={stream.subject_prefix}&timeout=5",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+    )
+    if result.returncode != 0 and "not available in this version" in result.stderr:
+        pytest.skip("the CLI does not route nats:// publisher URLs to nats_jetstream.from_url yet")
+    assert result.returncode == 0, result.stderr
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == [m.idempotency_key for m in committed]
+
+
+# --- outage ------------------------------------------------------------------------------------
+
+
+def test_relay_thread_survives_a_nats_restart_and_stores_each_message_once(
+    pg_engine: Engine, tmp_path: Path, make_relay: MakeRelay
+) -> None:
+    """nats-server stops mid-drain and restarts on the same port and store: the relay thread
+    keeps running, each publish during the outage fails within the timeout, the client
+    reconnects by itself, and the stream ends with every committed message exactly once."""
+    with throwaway.nats_server(tmp_path) as server:
+        url = f"nats://127.0.0.1:{server.port}"
+        stream = add_stream(url)
+        committed: list[OutboxMessage] = []
+        for _ in range(8):
+            committed += stage(pg_engine, "outage", 5)
+            stage(pg_engine, "outage", 1, commit=False)
+        publisher = from_url(f"{url}?subject_prefix={stream.subject_prefix}&timeout=2")
+        recorder = Recorder(publisher, pause_after=10)
+        relay = make_relay(pg_engine, recorder, batch_size=5, poll_interval=0.05)
+        try:
+            relay.start()
+            assert recorder.paused.wait(WAIT), "the relay never confirmed 10 messages"
+            server.stop()
+            recorder.resume.set()
+            assert recorder.failed.wait(WAIT), "no publish failed while NATS was down"
+            assert relay.pending() > 0
+            server.start()
+            wait_until(lambda: relay.pending() == 0, "the relay to drain after the restart")
+
+            assert relay._thread is not None and relay._thread.is_alive()
+        finally:
+            relay.stop()
+        stored = stream_messages(url, stream.name)
+
+    assert msg_ids(stored) == [m.idempotency_key for m in committed]
+    assert all(seconds < 2 + 1 for _error, seconds in recorder.failures), recorder.failures
+    assert all(isinstance(error, PublishError) for error, _s in recorder.failures)

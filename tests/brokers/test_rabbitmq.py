@@ -1,0 +1,444 @@
+"""The RabbitMQ publisher against the live broker: confirms, routing, envelope, reconnects.
+
+Every test declares its own uniquely named queue (and exchange) and deletes it afterwards, and
+reads what arrived with pika's ``basic_get``: publisher confirms mean a message the relay counts
+as published is already in the queue, so no waiting is needed. The broker is never restarted
+(it is shared); a restart is stood in for by ``rabbitmqctl close_connection``, which sends the
+same ``CONNECTION_FORCED`` close a stopping broker sends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+import sqla_outbox as outbox
+from sqla_outbox.errors import PublisherError
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.publishers import rabbitmq
+
+pika = pytest.importorskip(
+    "pika", reason="pika is not installed: pip install 'sqla-outbox[rabbitmq]'"
+)
+
+AMQP_URL = os.environ.get("SQLA_OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+REPO = Path(__file__).resolve().parents[2]
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+WAIT = 30.0  # seconds; a bound on waits that should take well under a second
+
+Row = outbox.OutboxRow
+MakeRelay = Callable[..., outbox.Relay]
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _rabbitmq_reachable() -> None:
+    try:
+        pika.BlockingConnection(pika.URLParameters(AMQP_URL)).close()
+    except pika.exceptions.AMQPError as error:
+        pytest.skip(
+            f"RabbitMQ is not reachable at {AMQP_URL.rpartition('@')[2]}: {error!r}; "
+            "start it (rabbitmq-server) or set SQLA_OUTBOX_AMQP_URL"
+        )
+
+
+@pytest.fixture
+def channel(_rabbitmq_reachable: None) -> Iterator[Any]:
+    """The test's own channel, for declaring, inspecting and consuming; closed afterwards."""
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    yield connection.channel()
+    connection.close()
+
+
+@pytest.fixture
+def declare(channel: Any) -> Iterator[Callable[[str], str]]:
+    """Declare durable queues with a unique name for this test; delete them afterwards."""
+    declared: list[str] = []
+
+    def make(label: str) -> str:
+        name = f"sqla-outbox-test-{label}-{uuid.uuid4().hex[:12]}"
+        channel.queue_declare(name, durable=True)
+        declared.append(name)
+        return name
+
+    yield make
+    for name in declared:
+        channel.queue_delete(name)
+
+
+@pytest.fixture
+def make_relay() -> Iterator[MakeRelay]:
+    """Build relays that are stopped and closed (closing their publishers) when the test ends."""
+    made: list[outbox.Relay] = []
+
+    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
+        relay = outbox.Relay(*args, **kwargs)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.stop()
+        relay.close()  # stop() closes only a relay that was started; close() is idempotent
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def enqueue(engine: Engine, queue: str, *inputs: Any, commit: bool = True) -> list[OutboxMessage]:
+    """Enqueue one job per input in one transaction, committed or rolled back."""
+    with Session(engine) as session:
+        messages = [
+            outbox.enqueue(
+                session,
+                "send_email",
+                value,
+                queue=queue,
+                tenant_id="tenant-7",
+                enqueued_by="user:42",
+                traceparent=TRACEPARENT,
+            )
+            for value in inputs
+        ]
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    return messages
+
+
+def drain_queue(channel: Any, queue: str) -> list[tuple[Any, Any, bytes]]:
+    """Everything in ``queue`` right now, acknowledged, in queue order."""
+    received: list[tuple[Any, Any, bytes]] = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return received
+        received.append((method, properties, body))
+
+
+def row(engine: Engine, message: OutboxMessage) -> Any:
+    with Session(engine) as session:
+        return session.execute(select(Row).where(Row.id == message.id)).scalar_one()
+
+
+def with_connection_name(url: str, name: str) -> str:
+    """``url`` with a client-provided connection name, so rabbitmqctl can find the connection."""
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}client_properties={quote(repr({'connection_name': name}))}"
+
+
+def rabbitmqctl(*args: str) -> str:
+    result = subprocess.run(
+        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60, check=True
+    )
+    return result.stdout
+
+
+def connections_named(name: str, state: str | None = "running") -> list[str]:
+    """Broker-side pids of the connections in ``state`` (None: any) whose client gave ``name``."""
+    listing = rabbitmqctl(
+        "list_connections", "--no-table-headers", "pid", "state", "client_properties"
+    )
+    marker = f'{{"connection_name","{name}"}}'
+    rows = [line.split("\t", 2) for line in listing.splitlines() if marker in line]
+    return [pid for pid, row_state, _properties in rows if state in (None, row_state)]
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# --- delivery ----------------------------------------------------------------------------------
+
+
+def test_committed_messages_arrive_in_order_with_their_envelope(
+    pg_engine: Engine, channel: Any, declare: Callable[[str], str], make_relay: MakeRelay
+) -> None:
+    """Only committed jobs arrive, in enqueue order, persistent, keyed and traced.
+
+    The body is the input as JSON; message_id is the idempotency key; headers carry every other
+    field, so headers plus the decoded body rebuild the message as staged.
+    """
+    queue = declare("emails")
+    first = enqueue(pg_engine, queue, {"to": "a@example.com"}, {"to": "b@example.com"})
+    enqueue(pg_engine, queue, {"to": "rolled-back@example.com"}, commit=False)
+    second = enqueue(pg_engine, queue, {"to": "c@example.com", "note": "café"})
+    committed = first + second
+
+    relay = make_relay(pg_engine, rabbitmq.from_url(AMQP_URL))
+    assert relay.drain().published == 3
+
+    received = drain_queue(channel, queue)
+    assert [json.loads(body) for _m, _p, body in received] == [m.input for m in committed]
+    for (method, properties, _body), message in zip(received, committed, strict=True):
+        assert method.exchange == "" and method.routing_key == queue
+        assert properties.delivery_mode == 2
+        assert properties.content_type == "application/json"
+        assert properties.message_id == message.idempotency_key
+        assert properties.type == "send_email" and properties.app_id == "sqla-outbox"
+        assert properties.timestamp == int(message.staged_at.timestamp())
+        assert properties.headers["traceparent"] == TRACEPARENT
+        assert properties.headers["tenant_id"] == "tenant-7"
+        assert properties.headers["enqueued_by"] == "user:42"
+        staged = {k: v for k, v in message.to_dict().items() if v is not None}
+        assert {**properties.headers, "input": json.loads(_body)} == staged
+    assert relay.pending() == 0
+
+
+def test_a_named_exchange_routes_by_queue_name(
+    pg_engine: Engine, channel: Any, declare: Callable[[str], str], make_relay: MakeRelay
+) -> None:
+    """With ?exchange=name, messages go to that exchange with the job's queue as routing key."""
+    exchange = f"sqla-outbox-test-{uuid.uuid4().hex[:12]}"
+    channel.exchange_declare(exchange, "direct", durable=False, auto_delete=False)
+    try:
+        bound = declare("bound")
+        channel.queue_bind(bound, exchange, routing_key="billing")
+        messages = enqueue(pg_engine, "billing", {"n": 1}, {"n": 2})
+        publisher = rabbitmq.from_url(f"{AMQP_URL}?exchange={exchange}&heartbeat=30")
+        assert make_relay(pg_engine, publisher).drain().published == 2
+        received = drain_queue(channel, bound)
+        assert [p.message_id for _m, p, _b in received] == [m.idempotency_key for m in messages]
+        assert {m.exchange for m, _p, _b in received} == {exchange}
+    finally:
+        channel.exchange_delete(exchange)
+
+
+def test_an_unroutable_message_stops_the_pass_and_says_which_queue_to_declare(
+    pg_engine: Engine, channel: Any, declare: Callable[[str], str], make_relay: MakeRelay
+) -> None:
+    """mandatory=True: a message for a missing queue fails (last_error names it), never drops.
+
+    The message behind it waits; once the queue is declared the next pass delivers both, in
+    order.
+    """
+    queue = declare("present")
+    missing = f"sqla-outbox-test-missing-{uuid.uuid4().hex[:12]}"
+    [ok] = enqueue(pg_engine, queue, {"n": 1})
+    [lost] = enqueue(pg_engine, missing, {"n": 2})
+    [behind] = enqueue(pg_engine, queue, {"n": 3})
+    relay = make_relay(pg_engine, rabbitmq.from_url(AMQP_URL))
+
+    assert relay.tick() == 1
+    failed = row(pg_engine, lost)
+    assert failed.published_at is None and failed.attempts == 1
+    assert "unroutable" in failed.last_error and repr(missing) in failed.last_error
+    assert "declare the queue" in failed.last_error
+    assert row(pg_engine, behind).published_at is None
+    assert [p.message_id for _m, p, _b in drain_queue(channel, queue)] == [ok.idempotency_key]
+
+    declare_missing = channel.queue_declare(missing, durable=True)
+    try:
+        assert declare_missing.method.queue == missing
+        assert relay.tick() == 2
+        assert [json.loads(b) for _m, _p, b in drain_queue(channel, missing)] == [{"n": 2}]
+        assert [json.loads(b) for _m, _p, b in drain_queue(channel, queue)] == [{"n": 3}]
+    finally:
+        channel.queue_delete(missing)
+
+
+# --- connection failures -----------------------------------------------------------------------
+
+
+def test_a_channel_closed_by_the_broker_fails_the_pass_and_the_next_pass_reconnects(
+    pg_engine: Engine, channel: Any, declare: Callable[[str], str], make_relay: MakeRelay
+) -> None:
+    """Deleting the exchange mid-life: 404 closes the channel, the pass fails with the fix, the
+    rows stay unpublished; after the exchange is back the next pass publishes on a new channel.
+    """
+    exchange = f"sqla-outbox-test-{uuid.uuid4().hex[:12]}"
+    queue = declare("routed")
+
+    def create_exchange() -> None:
+        channel.exchange_declare(exchange, "direct", durable=False, auto_delete=False)
+        channel.queue_bind(queue, exchange, routing_key=queue)
+
+    create_exchange()
+    try:
+        relay = make_relay(pg_engine, rabbitmq.from_url(f"{AMQP_URL}?exchange={exchange}"))
+        enqueue(pg_engine, queue, {"n": 1})
+        assert relay.tick() == 1
+
+        channel.exchange_delete(exchange)
+        waiting = enqueue(pg_engine, queue, {"n": 2}, {"n": 3})
+        result = relay.run_pass()
+        assert result.failed and result.published == 0
+        error = row(pg_engine, waiting[0]).last_error
+        assert "404" in error and f"declare the exchange {exchange!r}" in error
+        assert relay.pending() == 2
+
+        create_exchange()
+        assert relay.tick() == 2
+        assert [json.loads(b) for _m, _p, b in drain_queue(channel, queue)] == [
+            {"n": 1},
+            {"n": 2},
+            {"n": 3},
+        ]
+    finally:
+        channel.exchange_delete(exchange)
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="rabbitmqctl is not installed")
+def test_a_connection_closed_by_the_broker_is_replaced_before_the_next_send(
+    pg_engine: Engine, channel: Any, declare: Callable[[str], str], make_relay: MakeRelay
+) -> None:
+    """A connection the broker force-closed (as on a restart) is noticed and replaced.
+
+    The publisher reads the broker's close before sending anything, so the next pass reconnects
+    and publishes everything, in order, on a new connection, and loses nothing.
+    """
+    queue = declare("forced")
+    name = f"sqla-outbox-test-{uuid.uuid4().hex}"
+    relay = make_relay(pg_engine, rabbitmq.from_url(with_connection_name(AMQP_URL, name)))
+    enqueue(pg_engine, queue, {"n": 1})
+    assert relay.tick() == 1
+    [old] = connections_named(name)
+
+    rabbitmqctl("close_connection", old, "sqla-outbox test: simulated broker restart")
+    # "closed": the broker has sent its connection.close and now waits for the client's reply.
+    wait_until(lambda: old in connections_named(name, "closed"), "the broker to close it")
+
+    enqueue(pg_engine, queue, {"n": 2}, {"n": 3})
+    assert relay.tick() == 2
+    [new] = connections_named(name)
+    assert new != old
+    assert [json.loads(b) for _m, _p, b in drain_queue(channel, queue)] == [
+        {"n": 1},
+        {"n": 2},
+        {"n": 3},
+    ]
+    relay.close()
+    wait_until(
+        lambda: not connections_named(name, None), "close() to close the publisher's connection"
+    )
+
+
+def test_an_unreachable_broker_fails_the_pass_with_the_url_and_no_password(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Nothing listening: the pass fails, nothing is marked, last_error names the URL sans
+    password. (The shared broker is never stopped; a closed port stands in for it.)
+    """
+    [message] = enqueue(pg_engine, "emails", {"n": 1})
+    url = "amqp://guest:s3cret@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=2"
+    relay = make_relay(pg_engine, rabbitmq.from_url(url))
+    assert relay.run_pass().failed
+    error = row(pg_engine, message).last_error
+    assert "Could not connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in error
+    assert "s3cret" not in error and "ConnectionRefused" in error
+    assert relay.pending() == 1
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("amqp://host:notaport/", "is malformed"),
+        ("amqp://host/one/two", "percent-encode"),
+        ("kafka://host/", "use amqp:// or amqps://"),
+        ("amqp://host/?no_such_option=1", "no_such_option"),
+        ("amqp://host/?heartbeat=soon", "heartbeat"),
+        ("amqp://host/?exchange=a&exchange=b", "'exchange' twice"),
+        ("amqp://user:hunter2@host/?no_such_option=1", "amqp://user:***@host/"),
+    ],
+)
+def test_from_url_rejects_a_bad_url_in_one_sentence(url: str, expected: str) -> None:
+    """A malformed URL or bad option is a PublisherError naming the URL (password hidden) and
+    the fix, raised by from_url before any connection is attempted."""
+    with pytest.raises(PublisherError) as info:
+        rabbitmq.from_url(url)
+    text = str(info.value)
+    assert expected in text and "hunter2" not in text
+    assert "\n" not in text and text.endswith(".")
+
+
+def test_from_url_accepts_amqps_vhosts_and_pika_options() -> None:
+    """amqps://, a percent-encoded vhost and pika's options parse without connecting."""
+    publisher = rabbitmq.from_url(
+        "amqps://u:p@broker.example:5671/my%2Fvhost?exchange=jobs&heartbeat=15"
+        "&blocked_connection_timeout=5&connection_attempts=3"
+    )
+    assert publisher.exchange == "jobs"
+    assert publisher._parameters.virtual_host == "my/vhost"
+    assert publisher._parameters.ssl_options is not None
+    assert publisher._parameters.heartbeat == 15
+    assert publisher._parameters.blocked_connection_timeout == 5
+    assert rabbitmq.from_url("amqp://localhost")._parameters.blocked_connection_timeout == 60
+    assert "p@" not in repr(publisher)
+    publisher.close()  # never connected: a no-op
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def test_cli_relay_once_delivers_the_committed_messages(
+    pg_url: URL, pg_engine: Engine, channel: Any, declare: Callable[[str], str]
+) -> None:
+    """``sqla-outbox relay --once --publisher amqp://...`` publishes what is committed."""
+    queue = declare("cli")
+    messages = enqueue(pg_engine, queue, {"n": 1}, {"n": 2})
+    enqueue(pg_engine, queue, {"n": "rolled back"}, commit=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQLA_OUTBOX_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqla_outbox.cli",
+            "relay",
+            "--once",
+            "--url",
+            pg_url.render_as_string(hide_password=False),
+            "--publisher",
+            AMQP_URL,
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if "broker publishers are not available" in result.stderr:
+        pytest.skip("the CLI does not route amqp:// URLs to rabbitmq.from_url yet (loader.py)")
+    assert result.returncode == 0, result.stderr
+    received = drain_queue(channel, queue)
+    assert [p.message_id for _m, p, _b in received] == [m.idempotency_key for m in messages]
+
+
+def test_without_pika_the_module_imports_and_from_url_names_the_install_line() -> None:
+    """The module stays importable without the extra; from_url says what to pip install."""
+    code = (
+        "import sys; sys.modules['pika'] = None\n"
+        "from sqla_outbox.publishers import rabbitmq\n"
+        "from sqla_outbox.errors import PublisherError\n"
+        "try:\n    rabbitmq.from_url('amqp://localhost/')\n"
+        "except PublisherError as error:\n    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "needs the pika client" in result.stdout
+    assert 'pip install "sqla-outbox[rabbitmq]"' in result.stdout

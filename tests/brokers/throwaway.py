@@ -1,0 +1,157 @@
+"""Throwaway broker processes: a private redis-server or nats-server a test may stop and restart.
+
+The shared brokers on the default ports must never be stopped by a test, so a test that needs a
+broker outage starts its own on a free loopback port, with its data in a temporary directory.
+:meth:`BrokerProcess.stop` and :meth:`BrokerProcess.start` restart it on the *same* port (and,
+for NATS, the same JetStream store directory, so streams and their messages survive), which is
+what a client sees when a real broker restarts.
+
+Readiness is the broker's own "ready" log line, polled with a bound, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT = 20.0  # seconds; a broker normally starts in well under one
+STOP_TIMEOUT = 10.0
+_POLL = 0.02
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def find_binary(name: str, *fallbacks: str) -> str:
+    """Path of the broker executable, or skip the test saying which one is missing."""
+    found = shutil.which(name) or next((p for p in fallbacks if os.access(p, os.X_OK)), None)
+    if found is None:
+        pytest.skip(f"{name} is not installed (looked on PATH and in {', '.join(fallbacks)})")
+    return found
+
+
+class BrokerProcess:
+    """One broker process on a fixed port, which can be stopped and started again.
+
+    :param name: for messages.
+    :param argv: the command line (it already names the port and data directory).
+    :param port: the port it listens on.
+    :param workdir: where its log is written.
+    :param ready_text: the log line that says it accepts clients.
+    """
+
+    def __init__(
+        self, name: str, argv: list[str], port: int, workdir: Path, ready_text: str
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.port = port
+        self.workdir = workdir
+        self.ready_text = ready_text
+        self.starts = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Path | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        """Start the broker and return once its log says it is ready (or fail with the log)."""
+        assert not self.running, f"{self.name} is already running"
+        self.starts += 1
+        self._log = self.workdir / f"{self.name}-{self.starts}.log"
+        with self._log.open("wb") as log:
+            self._process = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._process.wait()
+                raise RuntimeError(f"{self.name} exited at start:\n{self.log_text()}")
+            if self.ready_text in self.log_text():
+                return
+            time.sleep(_POLL)
+        self.stop()
+        raise RuntimeError(f"{self.name} not ready after {START_TIMEOUT} s:\n{self.log_text()}")
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, SIGKILL after a bound) and reap it. Idempotent."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        process.wait()
+
+    def log_text(self) -> str:
+        """The current run's log, for failure messages."""
+        if self._log is None or not self._log.exists():
+            return ""
+        return self._log.read_text(errors="replace")
+
+
+@contextmanager
+def _running(make: Callable[[int], BrokerProcess]) -> Iterator[BrokerProcess]:
+    broker = make(free_port())
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[BrokerProcess]:
+    """A redis-server on a free port with no persistence, stopped when the block exits."""
+    binary = find_binary("redis-server", "/usr/bin/redis-server", "/usr/local/bin/redis-server")
+
+    def make(port: int) -> BrokerProcess:
+        argv = [
+            binary,
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(workdir),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        return BrokerProcess("redis-server", argv, port, workdir, "Ready to accept connections")
+
+    with _running(make) as broker:
+        yield broker
+
+
+@contextmanager
+def nats_server(workdir: Path) -> Iterator[BrokerProcess]:
+    """A nats-server with JetStream on a free port, its store under ``workdir``."""
+    binary = find_binary("nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server")
+    store = workdir / "jetstream"
+    store.mkdir(exist_ok=True)
+
+    def make(port: int) -> BrokerProcess:
+        argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
+        return BrokerProcess("nats-server", argv, port, workdir, "Server is ready")
+
+    with _running(make) as broker:
+        yield broker
