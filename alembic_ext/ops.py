@@ -15,8 +15,10 @@ from typing import Any
 
 from alembic.operations import MigrateOperation, Operations
 from sqlalchemy import Index, MetaData, Table
+from sqlalchemy.schema import DDL
 
-from sqla_outbox.model import TABLE_NAME, fillfactor_ddl
+from sqla_outbox import ddl
+from sqla_outbox.model import TABLE_NAME
 from sqla_outbox.model import metadata as outbox_metadata
 
 __all__ = ["CreateOutboxTableOp", "DropOutboxTableOp", "outbox_table"]
@@ -123,9 +125,9 @@ def create_outbox_table(operations: Operations, operation: CreateOutboxTableOp) 
     """
     table = operation.to_table()
     operations.impl.create_table(table)
-    if operations.impl.dialect.name == "postgresql":
-        # The table copy has no after_create listener, so set the model's fillfactor here.
-        operations.execute(fillfactor_ddl(table).against(table))
+    # The table copy has none of the model's after_create listeners: fillfactor and the
+    # notification trigger on PostgreSQL (see sqla_outbox.ddl).
+    _run_postgresql_ddl(operations, ddl.after_create(table))
 
 
 @Operations.implementation_for(DropOutboxTableOp)
@@ -135,3 +137,10 @@ def drop_outbox_table(operations: Operations, operation: DropOutboxTableOp) -> N
     for index in _indexes_by_name(table):
         operations.impl.drop_index(index)
     operations.impl.drop_table(table)
+    _run_postgresql_ddl(operations, ddl.after_drop(table))
+
+
+def _run_postgresql_ddl(operations: Operations, statements: list[DDL]) -> None:
+    if operations.impl.dialect.name == "postgresql":
+        for statement in statements:
+            operations.execute(statement)

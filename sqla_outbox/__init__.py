@@ -5,6 +5,7 @@ business rows; a :class:`Relay` publishes committed rows afterwards, at least on
 with an idempotency key a consumer can deduplicate on.
 """
 
+from sqla_outbox import ddl as _ddl  # noqa: F401 - registers the table's PostgreSQL DDL
 from sqla_outbox.engines import create_engine
 from sqla_outbox.errors import (
     ArgumentTypeError,

@@ -29,18 +29,15 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     String,
-    Table,
     Text,
     TypeDecorator,
     Uuid,
-    event,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.schema import DDL
 
-__all__ = ["FILLFACTOR", "TABLE_NAME", "OutboxRow", "UTCDateTime", "fillfactor_ddl", "metadata"]
+__all__ = ["TABLE_NAME", "OutboxRow", "UTCDateTime", "metadata"]
 
 #: The outbox table's name; every statement reaches it through ``OutboxRow.__table__``.
 TABLE_NAME = "outbox"
@@ -131,23 +128,3 @@ class OutboxRow(_Base):
 
     def __repr__(self) -> str:
         return f"<OutboxRow id={self.id} job={self.job!r} queue={self.queue!r}>"
-
-
-FILLFACTOR = 50
-"""PostgreSQL fillfactor of the outbox table.
-
-Every row is updated twice after its insert (claim, mark). Free space on each page lets those
-updates stay HOT (heap-only tuples: no index entries rewritten), which keeps the claim fast and
-the table small under a steady stream. Set with ``ALTER TABLE`` after creation rather than as a
-table option, which SQLAlchemy 2.0 does not accept.
-"""
-
-
-def fillfactor_ddl(table: Table) -> DDL:
-    """``ALTER TABLE <table> SET (fillfactor = 50)``, emitted on PostgreSQL only."""
-    ddl = DDL(f"ALTER TABLE %(fullname)s SET (fillfactor = {FILLFACTOR})")  # type: ignore[no-untyped-call]
-    return ddl.execute_if(dialect="postgresql")
-
-
-_table: Table = OutboxRow.__table__  # type: ignore[assignment]
-event.listen(_table, "after_create", fillfactor_ddl(_table))

@@ -48,8 +48,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqla_outbox import queries
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, PublishError
+from sqla_outbox.listener import NotificationListener, can_listen
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage
+from sqla_outbox.notify import subscribe, unsubscribe
 from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
 from sqla_outbox.schema_errors import missing_table_error, raise_if_missing_table
 from sqla_outbox.settings import (
@@ -65,8 +67,8 @@ __all__ = ["PassResult", "Relay"]
 
 log = logging.getLogger("sqla_outbox.relay")
 
-MAX_BACKOFF = 30.0
-"""Seconds, the longest the loop waits between retries after a database error."""
+MAX_BACKOFF = 10.0
+"""Seconds, the longest the loop waits before retrying after a database error or failed publish."""
 
 _MAX_RELAY_ID = 200  # leaves room for ":<token>" in the 255-character claimed_by column
 
@@ -132,6 +134,8 @@ class Relay:
     :param claim_lease: seconds (or ``timedelta``) a claim stays this relay's; must be positive
         and finite, and the same for every relay of a deployment.
     :param relay_id: readable id, shown in ``claimed_by`` and logs; default ``relay-<uuid4>``.
+    :param poll_only: do not LISTEN for commit notifications on PostgreSQL (needed behind
+        PgBouncer in transaction pooling mode); rely on ``poll_interval`` alone.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class Relay:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         claim_lease: float | dt.timedelta = DEFAULT_CLAIM_LEASE,
         relay_id: str | None = None,
+        poll_only: bool = False,
     ) -> None:
         self.batch_size = resolve_batch_size(batch_size)
         self.poll_interval = resolve_poll_interval(poll_interval)
@@ -161,6 +166,14 @@ class Relay:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.poll_only = poll_only or not can_listen(self.engine)
+        # Single statements run in autocommit on PostgreSQL: a claim or a mark is one round trip
+        # instead of BEGIN + statement + COMMIT, and is atomic on its own.
+        self._autocommit = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self._dialect == "postgresql"
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"<Relay {self.relay_id} on {hide_password(self.engine.url)}>"
@@ -217,7 +230,7 @@ class Relay:
 
     def _claim_rows(self, token: str) -> list[OutboxMessage]:
         params = self._params(limit=self.batch_size, lease=self.claim_lease, token=token)
-        with self._transaction() as conn:
+        with self._transaction(statements=1) as conn:
             rows = conn.execute(self._claim, params).all()
         messages = [OutboxMessage(*row) for row in rows]
         messages.sort(key=lambda m: (m.staged_at, m.id))
@@ -258,7 +271,7 @@ class Relay:
         failure: tuple[OutboxMessage, BaseException] | None,
     ) -> None:
         remaining = len(messages) - published
-        with self._transaction() as conn:
+        with self._transaction(statements=(published > 0) + (remaining > 0)) as conn:
             if published:
                 last = messages[published - 1]
                 params = self._params(token=token, last_staged_at=last.staged_at, last_id=last.id)
@@ -304,7 +317,11 @@ class Relay:
         )
 
     @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
+    def _transaction(self, statements: int) -> Iterator[Connection]:
+        if statements == 1 and self._autocommit is not None:
+            with raise_if_missing_table(self.engine), self._autocommit.connect() as conn:
+                yield conn
+            return
         with raise_if_missing_table(self.engine), self.engine.begin() as conn:
             yield conn
 
@@ -384,6 +401,19 @@ class Relay:
         self._wake.set()
 
     def _loop(self) -> None:
+        listener = None
+        if not self.poll_only:
+            listener = NotificationListener(self.engine, self.wake, self.relay_id)
+            listener.start()
+        subscribe(self)
+        try:
+            self._passes()
+        finally:
+            unsubscribe(self)
+            if listener is not None:
+                listener.stop()
+
+    def _passes(self) -> None:
         log_event(
             log,
             logging.INFO,
@@ -392,9 +422,11 @@ class Relay:
             url=hide_password(self.engine.url),
             batch_size=self.batch_size,
             claim_lease=self.claim_lease.total_seconds(),
+            wake="poll" if self.poll_only else "listen",
         )
         backoff = self.poll_interval
         while not self._stopping.is_set():
+            result: PassResult | None = None
             try:
                 result = self._pass(interruptible=True)
             except SQLAlchemyError as error:
@@ -408,16 +440,16 @@ class Relay:
                     retry_in=round(backoff, 3),
                     error=f"{type(error).__name__}: {error}".splitlines()[0],
                 )
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-                continue
             except Exception:
                 log.exception("unexpected error in relay %s; retrying", self.relay_id)
+            if result is None or result.failed:
+                # A database error or a failed publish (a broker that is down): retry with
+                # capped backoff rather than hammer it, and the log, every poll_interval.
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
             backoff = self.poll_interval
-            if result.claimed == self.batch_size and not result.failed:
+            if result.claimed == self.batch_size:
                 continue  # a full batch: more is probably waiting
             self._wake.wait(self.poll_interval)
             self._wake.clear()

@@ -15,6 +15,8 @@ How it works, and the traps it closes:
   was released into it, because a message's transaction keeps its parent chain after it ends.
 * A rollback, a failed commit or ``close()`` of the root transaction drops everything; the
   session can be used again at once.
+* After the root commit, relays running in this process are woken at once
+  (:mod:`sqla_outbox.notify`); on PostgreSQL a trigger also notifies LISTENing relays elsewhere.
 * The listeners are registered on the ``Session`` class when this module is imported, so every
   ``Session``, ``sessionmaker``, ``scoped_session`` and ``AsyncSession`` (whose sync session is a
   ``Session``) is covered without an install step. A session that never enqueues pays one dict
@@ -37,6 +39,7 @@ from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 from sqla_outbox.errors import ArgumentTypeError, StagingError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow
+from sqla_outbox.notify import wake_local
 from sqla_outbox.queries import stage_rows, stage_stmt
 from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.validation import build_message
@@ -60,6 +63,8 @@ class _Staging:
     entries: list[_Entry] = field(default_factory=list)
     # The savepoint that was innermost at the last before_commit; see _before_commit.
     pending_release: SessionTransaction | None = None
+    # Rows were inserted in this transaction: wake this process's relays once it commits.
+    inserted: bool = False
 
 
 def _resolve(session: Any) -> Session | Connection:
@@ -170,6 +175,15 @@ def _insert_staged(session: Session, staging: _Staging) -> None:
     # From here the rows' fate is the transaction's: if the commit still fails, the rollback
     # takes the rows, and the caller retries the whole unit of work, messages included.
     staging.entries.clear()
+    staging.inserted = True
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    staging: _Staging | None = session.info.get(_INFO_KEY)
+    # after_commit also fires when a savepoint is released; only the root's commit counts.
+    if staging is not None and staging.inserted and session.get_nested_transaction() is None:
+        wake_local()
 
 
 @event.listens_for(Session, "before_commit")

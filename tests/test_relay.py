@@ -105,6 +105,7 @@ def make_relay() -> Iterator[MakeRelay]:
     yield make
     for relay in made:
         relay.stop()
+        relay.close()
 
 
 def test_claim_lease_is_validated_by_the_constructor(engine: Engine, make_relay: MakeRelay) -> None:
