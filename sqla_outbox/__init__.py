@@ -9,6 +9,7 @@ from sqla_outbox import ddl as _ddl  # noqa: F401 - registers the table's Postgr
 from sqla_outbox.engines import create_engine
 from sqla_outbox.errors import (
     ArgumentTypeError,
+    BrokerError,
     ConfigurationError,
     MissingTableError,
     OutboxError,
@@ -26,6 +27,7 @@ __all__ = [
     "TABLE_NAME",
     "ArgumentTypeError",
     "BatchPublisher",
+    "BrokerError",
     "ConfigurationError",
     "MissingTableError",
     "OutboxError",

@@ -149,6 +149,14 @@ def cli() -> None:
     help="Readable id shown in claims, logs and `status`.",
 )
 @click.option(
+    "--poll-only",
+    is_flag=True,
+    envvar=_env("POLL_ONLY"),
+    show_envvar=True,
+    help="Do not LISTEN for commit notifications (PostgreSQL); poll every --poll-interval. "
+    "Needed behind PgBouncer in transaction pooling mode.",
+)
+@click.option(
     "--once",
     is_flag=True,
     help="Publish everything due, then exit (1 if a publish failed) instead of running on.",
@@ -172,6 +180,7 @@ def relay(
     poll_interval: float,
     claim_lease: float,
     relay_id: str | None,
+    poll_only: bool,
     once: bool,
     log_level: str,
 ) -> int:
@@ -204,6 +213,7 @@ def relay(
             poll_interval=poll_interval,
             claim_lease=claim_lease,
             relay_id=relay_id,
+            poll_only=poll_only,
         )
         try:
             with _database_errors(database_url):
@@ -234,6 +244,7 @@ def _build_relay(
     poll_interval: float,
     claim_lease: float,
     relay_id: str | None,
+    poll_only: bool,
 ) -> Relay:
     # The constructor is the one place these values are validated; the CLI only renames the
     # argument in its message to the flag.
@@ -245,6 +256,7 @@ def _build_relay(
             poll_interval=poll_interval,
             claim_lease=claim_lease,
             relay_id=relay_id,
+            poll_only=poll_only,
         )
     except ConfigurationError as error:
         raise _flag_error(ctx, error) from error

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentTypeError",
+    "BrokerError",
     "ConfigurationError",
     "MissingTableError",
     "OutboxError",
@@ -44,11 +45,22 @@ class MissingTableError(OutboxError):
     """The database is reachable but has no outbox table: the migration has not been run."""
 
 
+class BrokerError(OutboxError):
+    """A broker did not take a message: it refused it, answered with an error, or was unreachable.
+
+    Each broker publisher raises its own subclass (``RabbitMQError``, ``WebhookError``) carrying
+    that broker's details. They share this base so that code publishing through whichever broker
+    is configured catches every broker's delivery failure with one ``except BrokerError``, without
+    importing the broker modules, whose client libraries are optional extras. A partial batch is
+    reported as :class:`PublishError` instead, whose ``__cause__`` may be a ``BrokerError``.
+    """
+
+
 class PublisherError(OutboxError):
     """A publisher spec cannot be turned into a publisher (bad import path, missing extra)."""
 
 
-class PublishError(OutboxError):
+class PublishError(BrokerError):
     """Raised by a publisher's ``publish_batch`` when only part of the batch was confirmed.
 
     ``published`` is how many messages, from the start of the batch, the broker confirmed; the

@@ -74,8 +74,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     def process_result_value(
         self, value: dt.datetime | None, dialect: Dialect
     ) -> dt.datetime | None:
-        if value is None:
-            return None
+        if value is None or value.tzinfo is dt.timezone.utc:
+            return value  # the common case on PostgreSQL with a UTC session: nothing to do
         if value.tzinfo is None:
             return value.replace(tzinfo=dt.timezone.utc)
         return value.astimezone(dt.timezone.utc)

@@ -233,7 +233,8 @@ class Relay:
         with self._transaction(statements=1) as conn:
             rows = conn.execute(self._claim, params).all()
         messages = [OutboxMessage(*row) for row in rows]
-        messages.sort(key=lambda m: (m.staged_at, m.id))
+        # UUID.int compares natively; UUID objects compare through Python-level methods.
+        messages.sort(key=lambda m: (m.staged_at, m.id.int))
         return messages
 
     def _publish_in_order(

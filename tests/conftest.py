@@ -1,4 +1,4 @@
-"""Shared fixtures: a fresh PostgreSQL database per test, and SQLite files.
+"""Shared fixtures: a fresh PostgreSQL database per test, SQLite files, and relays torn down.
 
 PostgreSQL comes from pytest-postgresql. As root ``initdb`` cannot run, so by default the
 fixtures use the server already running (``postgresql_noproc``); host, port, user and password
@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from pytest_postgresql import factories
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
+from support import MakeRelay
 
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine
@@ -109,3 +111,20 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     name = "pg_engine" if request.param == "postgresql" else "sqlite_engine"
     result: Engine = request.getfixturevalue(name)
     return result
+
+
+@pytest.fixture
+def make_relay() -> Iterator[MakeRelay]:
+    """Build relays that are stopped and closed (closing their publishers) when the test ends,
+    whatever happened."""
+    made: list[outbox.Relay] = []
+
+    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
+        relay = outbox.Relay(*args, **kwargs)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.stop()
+        relay.close()  # stop() closes only a relay that was started; close() is idempotent

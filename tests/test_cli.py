@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import os
 import queue
 import re
 import signal
@@ -28,6 +27,7 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from support import REPO, cli_command, cli_env, run_cli, stage_inputs, url_of
 
 import sqla_outbox as outbox
 from sqla_outbox.cli import main
@@ -35,7 +35,6 @@ from sqla_outbox.errors import PublisherError
 from sqla_outbox.publishers.loader import resolve_publisher
 from sqla_outbox.publishers.stdout import StdoutPublisher
 
-REPO = Path(__file__).resolve().parent.parent
 HELPERS = "tests.publishers_for_tests"
 MESSAGE_KEYS = {
     "id",
@@ -55,57 +54,16 @@ MESSAGE_KEYS = {
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def cli_env(**settings: str) -> dict[str, str]:
-    """The test process's environment without stray SQLA_OUTBOX_* settings, plus ``settings``.
-
-    The repository root goes on PYTHONPATH so ``tests.publishers_for_tests`` is importable.
-    """
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("SQLA_OUTBOX_") or key.startswith("SQLA_OUTBOX_PG_")
-    }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update({f"SQLA_OUTBOX_{key.upper()}": value for key, value in settings.items()})
-    return env
-
-
-def cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sqla_outbox.cli", *args]
-
-
-def run_cli(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
-    """Run ``sqla-outbox *args`` to completion with ``SQLA_OUTBOX_<KEY>=value`` settings."""
-    return subprocess.run(
-        cli_command(*args),
-        env=cli_env(**settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def url_of(engine: Engine) -> str:
-    return engine.url.render_as_string(hide_password=False)
-
-
 def stage(
     engine: Engine, *inputs: dict[str, Any], job: str = "send_receipt", **kw: Any
 ) -> list[outbox.OutboxMessage]:
     """Enqueue one message per input in one committed transaction; return them in order."""
-    with Session(engine) as session, session.begin():
-        return [outbox.enqueue(session, job, data, **kw) for data in inputs]
+    return stage_inputs(engine, job, inputs, **kw)
 
 
 def stage_rolled_back(engine: Engine, *inputs: dict[str, Any]) -> list[outbox.OutboxMessage]:
     """Enqueue in a transaction that rolls back; none of these may ever be published."""
-    with Session(engine) as session:
-        session.begin()
-        messages = [outbox.enqueue(session, "never", data) for data in inputs]
-        session.rollback()
-    return messages
+    return stage_inputs(engine, "never", inputs, commit=False)
 
 
 def published_ids(engine: Engine) -> set[uuid.UUID]:

@@ -12,12 +12,12 @@ import logging
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import pytest
 from sqlalchemy import Engine, event, select, text, update
 from sqlalchemy.orm import Session
+from support import MakeRelay
 
 import sqla_outbox as outbox
 from sqla_outbox.message import OutboxMessage
@@ -87,25 +87,6 @@ def run_in_thread(fn: Callable[[], object]) -> threading.Thread:
     thread = threading.Thread(target=fn, daemon=True)
     thread.start()
     return thread
-
-
-MakeRelay = Callable[..., outbox.Relay]
-
-
-@pytest.fixture
-def make_relay() -> Iterator[MakeRelay]:
-    """Build relays that are stopped and closed when the test ends, whatever happened."""
-    made: list[outbox.Relay] = []
-
-    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
-        relay = outbox.Relay(*args, **kwargs)
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.stop()
-        relay.close()
 
 
 def test_claim_lease_is_validated_by_the_constructor(engine: Engine, make_relay: MakeRelay) -> None:

@@ -13,7 +13,10 @@ every message is confirmed; if only the first *k* were, it raises
 
 :func:`sqla_outbox.publishers.loader.resolve_publisher` turns a command-line spec into a
 publisher: ``stdout``, ``module:attribute`` (a publisher object, a callable, or a class to
-instantiate with no arguments), or a broker URL (:mod:`sqla_outbox.publishers.schemes`).
+instantiate with no arguments), or a broker URL (:mod:`sqla_outbox.publishers.schemes`). What the
+broker publishers share (hiding a URL's password, reading and checking URL options, reporting a
+missing client library) lives in :mod:`sqla_outbox.publishers.urls`; each broker's delivery error
+subclasses :class:`~sqla_outbox.errors.BrokerError`.
 """
 
 from __future__ import annotations

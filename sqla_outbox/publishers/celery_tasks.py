@@ -65,7 +65,6 @@ close it without breaking other code of the process that sends tasks through the
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import math
 import re
 import sys
@@ -78,7 +77,8 @@ from urllib.parse import parse_qsl
 
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishers import schemes
+from sqla_outbox.publishers.loader import import_module, resolve_attribute
+from sqla_outbox.publishers.urls import checked_options, require_client
 from sqla_outbox.validation import DEFAULT_QUEUE
 
 try:
@@ -123,7 +123,6 @@ hangs would stall the relay for good.
 PIPELINE_SIZE = 100
 """Messages per Redis pipeline: the unit that is confirmed, or published again, as a whole."""
 
-_CELERY = schemes.BROKERS["celery"]
 _EXAMPLE_URL = "celery:myapp.worker:app"
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _TARGET = re.compile(rf"^(?P<module>{_DOTTED})(?::(?P<attribute>{_DOTTED}))?$")
@@ -142,11 +141,6 @@ _FLAGS = ("confirm", "pipeline")
 _URL_OPTIONS = (*_NUMBERS, *_FLAGS)
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
-
-
-def _require_celery(what: str) -> None:
-    if Celery is None:
-        raise PublisherError(f"{what} needs the {_CELERY.client} client: {_CELERY.install}.")
 
 
 def _number_rule(name: str) -> str:
@@ -333,7 +327,7 @@ class CeleryPublisher:
         socket_timeout: float | None = None,
         pipeline: bool = True,
     ) -> None:
-        _require_celery("CeleryPublisher")
+        require_client(Celery is not None, "CeleryPublisher", "celery")
         if not isinstance(app, Celery):
             raise ArgumentTypeError(
                 f"CeleryPublisher needs a celery.Celery app, got {app!r}. Pass the app your "
@@ -532,16 +526,7 @@ def _url_options(url: str, query: str) -> dict[str, Any]:
             f"them as ?name=value&name=value, e.g. {_EXAMPLE_URL}?max_retries=3."
         ) from error
     parsed: dict[str, Any] = {}
-    for name, text in pairs:
-        if name not in _URL_OPTIONS:
-            raise PublisherError(
-                f"Publisher URL {url!r} has the unknown option {name!r}; the options are "
-                f"{', '.join(_URL_OPTIONS)}."
-            )
-        if name in parsed:
-            raise PublisherError(
-                f"Publisher URL {url!r} gives option {name!r} twice; give it once."
-            )
+    for name, text in checked_options(pairs, label="Publisher URL", shown=url, known=_URL_OPTIONS):
         parsed[name] = (
             _url_flag(url, name, text) if name in _FLAGS else _url_number(url, name, text)
         )
@@ -551,29 +536,9 @@ def _url_options(url: str, query: str) -> dict[str, Any]:
     return parsed
 
 
-def _import_module(url: str, name: str) -> object:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        missing = error.name or ""
-        if missing == name or name.startswith(f"{missing}."):
-            raise PublisherError(
-                f"Cannot import module {name!r} named by publisher {url!r}: {error}. Check the "
-                "spelling, and run from the project directory or add it to PYTHONPATH."
-            ) from error
-        raise PublisherError(
-            f"Importing module {name!r} for publisher {url!r} failed because {missing!r} is not "
-            f"installed. Install it in this environment (pip install {missing.split('.')[0]})."
-        ) from error
-    except Exception as error:
-        raise PublisherError(
-            f"Importing module {name!r} for publisher {url!r} raised {type(error).__name__}: "
-            f"{error}. Fix the module; python -c 'import {name}' shows the traceback."
-        ) from error
-
-
 def _load_app(url: str, module_name: str, attribute: str | None) -> Any:
-    module = _import_module(url, module_name)
+    source = f"publisher {url!r}"
+    module = import_module(module_name, source)
     if attribute is None:
         # Celery's own convention (``celery -A myapp``): the module's ``app`` or ``celery``
         # attribute, its ``celery`` submodule, or the one Celery instance it defines.
@@ -587,16 +552,8 @@ def _load_app(url: str, module_name: str, attribute: str | None) -> Any:
             ) from error
     # Explicit ``module:attribute`` is resolved here rather than by find_app, whose error for a
     # missing attribute is a misleading "No module named 'module:attribute'".
-    target = module
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError as error:
-            raise PublisherError(
-                f"Module {module_name!r} has no attribute {attribute!r} (from publisher "
-                f"{url!r}); name the Celery app it defines, e.g. celery:{module_name}:app."
-            ) from error
-    return target
+    fix = f"name the Celery app it defines, e.g. celery:{module_name}:app"
+    return resolve_attribute(module, module_name, attribute, source, fix)
 
 
 def from_url(url: str) -> CeleryPublisher:
@@ -624,7 +581,7 @@ def from_url(url: str) -> CeleryPublisher:
             f"Python names; write e.g. {_EXAMPLE_URL} (no // after celery:)."
         )
     options = _url_options(url, query)
-    _require_celery(f"Publisher {url!r}")
+    require_client(Celery is not None, f"Publisher {url!r}", "celery")
     app = _load_app(url, match["module"], match["attribute"])
     if not isinstance(app, Celery):
         raise PublisherError(

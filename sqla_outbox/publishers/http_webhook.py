@@ -61,18 +61,22 @@ import hashlib
 import hmac
 import importlib.metadata
 import json
-import math
 import os
 import ssl
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from sqla_outbox.errors import OutboxError, PublisherError
+from sqla_outbox.errors import BrokerError, PublisherError
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishers import schemes
+from sqla_outbox.publishers.urls import (
+    hide_password,
+    positive_seconds,
+    require_client,
+    split_options,
+    split_url,
+)
 
 try:
     import httpx
@@ -133,7 +137,7 @@ USER_AGENT = f"sqla-outbox/{_version()}"
 """The default ``User-Agent``; a caller's ``headers={"User-Agent": ...}`` replaces it."""
 
 
-class WebhookError(OutboxError):
+class WebhookError(BrokerError):
     """The endpoint did not take a message: a non-2xx answer, or no answer at all.
 
     ``status_code`` is the HTTP status, or ``None`` when the request failed before an answer
@@ -191,16 +195,11 @@ class WebhookPublisher:
         ca_file: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if httpx is None:
-            broker = schemes.BROKERS["http"]
-            raise PublisherError(
-                f"The HTTP webhook publisher needs the {broker.client} client, which is not "
-                f"installed; install it with: {broker.install}"
-            )
+        require_client(httpx is not None, "The HTTP webhook publisher", "http")
         options, endpoint = _split_url(url)
-        self.url = _hide_password(endpoint)
+        self.url = hide_password(endpoint, limit=_MAX_ERROR_URL)
         """The endpoint (options removed, password hidden), for logs and errors."""
-        shown = _hide_password(url)
+        shown = hide_password(url, limit=_MAX_ERROR_URL)
         self.timeout = _seconds(
             "timeout", options.get("timeout") if timeout is None else timeout, shown
         )
@@ -330,51 +329,25 @@ def _split_url(url: str) -> tuple[dict[str, str], str]:
         raise PublisherError(
             f"The webhook publisher needs an http:// or https:// URL string, got {url!r}."
         )
-    shown = _hide_password(url)
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsing the port is what validates it
-    except ValueError as error:
-        raise PublisherError(
-            f"Webhook URL {shown!r} is malformed ({error}); use e.g. "
-            "https://example.com/hooks/outbox?timeout=10."
-        ) from error
+    parts, shown = split_url(
+        url,
+        label="Webhook URL",
+        example="e.g. https://example.com/hooks/outbox?timeout=10",
+        limit=_MAX_ERROR_URL,
+    )
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise PublisherError(
             f"Webhook URL {shown!r} is not an http:// or https:// URL with a host; use e.g. "
             "https://example.com/hooks/outbox."
         )
-    options: dict[str, str] = {}
-    kept: list[str] = []
-    # Split the raw query rather than decode and re-encode it, so the endpoint's own parameters
-    # reach it byte for byte as the user wrote them.
-    for pair in parts.query.split("&") if parts.query else []:
-        decoded = parse_qsl(pair, keep_blank_values=True)
-        name = decoded[0][0] if decoded else pair
-        if name in OPTIONS:
-            if name in options:
-                raise PublisherError(
-                    f"Webhook URL {shown!r} gives the option {name!r} twice; keep one."
-                )
-            options[name] = decoded[0][1]
-        else:
-            kept.append(pair)
-    return options, urlunsplit(parts._replace(query="&".join(kept)))
+    # The endpoint's own query parameters reach it byte for byte as the user wrote them.
+    return split_options(parts, OPTIONS, label="Webhook URL", shown=shown)
 
 
 def _seconds(name: str, value: object, shown: str, *, default: float = DEFAULT_TIMEOUT) -> float:
     if value is None:
         return default
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
-        raise PublisherError(
-            f"Webhook option {name} must be a positive number of seconds, got {value!r} "
-            f"(publisher {shown!r}); use e.g. {name}=10."
-        )
-    return seconds
+    return positive_seconds(name, value, default=default, label="Webhook", shown=shown, coerce=True)
 
 
 def _from_env(option: str, variable: str, shown: str) -> str:
@@ -409,14 +382,3 @@ def _verify(ca_file: str | None, shown: str) -> ssl.SSLContext | bool:
             f"Webhook option ca_file={ca_file!r} cannot be loaded ({error}) (publisher "
             f"{shown!r}); point it at a readable PEM file of CA certificates."
         ) from error
-
-
-def _hide_password(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url[:_MAX_ERROR_URL]
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))[:_MAX_ERROR_URL]
-    except (ValueError, TypeError, AttributeError):
-        return "<unparseable URL>"

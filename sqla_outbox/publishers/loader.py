@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import importlib
 import re
-from urllib.parse import urlsplit, urlunsplit
 
 from sqla_outbox.errors import PublisherError
 from sqla_outbox.publishers import PublisherLike
 from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.publishers.stdout import StdoutPublisher
+from sqla_outbox.publishers.urls import hide_password
 
-__all__ = ["resolve_publisher"]
+__all__ = ["import_module", "resolve_attribute", "resolve_publisher"]
 
 ACCEPTED_FORMS = "'stdout' or 'module:attribute' (e.g. 'myapp.publishers:publish')"
 
@@ -66,13 +66,19 @@ def resolve_publisher(spec: str) -> PublisherLike:
             f"Publisher spec {spec!r} does not name a module and an attribute; use "
             f"{ACCEPTED_FORMS}, with dotted Python names on both sides of the colon."
         )
-    target = _attribute(_module(module_name, spec), module_name, attribute, spec)
+    source = f"publisher spec {spec!r}"
+    fix = (
+        "check the name after the colon: it must name a publisher object, class or function "
+        "defined in that module"
+    )
+    module = import_module(module_name, source)
+    target = resolve_attribute(module, module_name, attribute, source, fix)
     return _as_publisher(target, spec)
 
 
 def _broker_publisher(scheme: str, url: str) -> PublisherLike:
     broker = BROKERS.get(scheme)
-    shown = _hide_url_password(url)
+    shown = hide_password(url)
     if broker is None:
         raise PublisherError(
             f"Publisher {shown!r} has the unknown scheme {scheme!r}; use {ACCEPTED_FORMS}, or a "
@@ -91,40 +97,44 @@ def _broker_publisher(scheme: str, url: str) -> PublisherLike:
     return publisher
 
 
-def _module(name: str, spec: str) -> object:
+def import_module(name: str, source: str) -> object:
+    """Import module ``name``, which ``source`` names (e.g. ``"publisher spec 'x:y'"``).
+
+    Any failure is a :class:`PublisherError` saying which module, why, and what to do; a module
+    that imports but is missing a dependency is told apart from one that does not exist.
+    """
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if missing == name or name.startswith(f"{missing}."):
             raise PublisherError(
-                f"Cannot import module {name!r} named by publisher spec {spec!r}: {error}. "
-                "Check the spelling, run from the project directory or add it to PYTHONPATH, "
-                "or install the package that provides it."
+                f"Cannot import module {name!r} named by {source}: {error}. Check the "
+                "spelling, run from the project directory or add it to PYTHONPATH, or install "
+                "the package that provides it."
             ) from error
         raise PublisherError(
-            f"Importing module {name!r} for publisher spec {spec!r} failed because {missing!r} "
-            f"is not installed. Install it (pip install {missing.split('.')[0]}) in this "
-            "environment."
+            f"Importing module {name!r} for {source} failed because {missing!r} is not "
+            f"installed. Install it (pip install {missing.split('.')[0]}) in this environment."
         ) from error
     except Exception as error:
         raise PublisherError(
-            f"Importing module {name!r} for publisher spec {spec!r} raised "
-            f"{type(error).__name__}: {error}. Fix the module; python -c 'import {name}' shows "
-            "the traceback."
+            f"Importing module {name!r} for {source} raised {type(error).__name__}: {error}. "
+            f"Fix the module; python -c 'import {name}' shows the traceback."
         ) from error
 
 
-def _attribute(module: object, module_name: str, attribute: str, spec: str) -> object:
+def resolve_attribute(
+    module: object, module_name: str, attribute: str, source: str, fix: str
+) -> object:
+    """``module``'s ``attribute`` (dots allowed), or a :class:`PublisherError` ending in ``fix``."""
     target = module
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as error:
             raise PublisherError(
-                f"Module {module_name!r} has no attribute {attribute!r} (from publisher spec "
-                f"{spec!r}). Check the name after the colon; it must name a publisher object, "
-                "class or function defined in that module."
+                f"Module {module_name!r} has no attribute {attribute!r} (from {source}); {fix}."
             ) from error
     return target
 
@@ -148,14 +158,3 @@ def _as_publisher(target: object, spec: str) -> PublisherLike:
         "publish(message) method, nor a class, nor a callable taking one message; point it at "
         "one of those."
     )
-
-
-def _hide_url_password(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparseable URL>"

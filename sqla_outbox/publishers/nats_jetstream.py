@@ -60,12 +60,20 @@ import ssl
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 from sqla_outbox.errors import PublisherError, PublishError
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishers import schemes
+from sqla_outbox.publishers.urls import (
+    hide_password,
+    parse_seconds,
+    positive_seconds,
+    query_options,
+    require_client,
+    split_publisher_url,
+    split_url,
+)
 
 try:
     import nats.errors
@@ -86,16 +94,14 @@ DEFAULT_TIMEOUT = 5.0
 """Seconds to connect, and seconds for a batch's acks, before a publish fails (``timeout``)."""
 
 _OPTIONS = ("subject_prefix", "timeout", "stream")
+_LABEL = "NATS publisher URL"
 _RECONNECT_WAIT = 1  # seconds between nats-py's reconnect attempts
 _PING_INTERVAL = 30  # seconds; two missed pings mark a half-open connection as dead
 _T = TypeVar("_T")
 
 
 def _require_client() -> None:
-    if not _CLIENT_INSTALLED:
-        raise PublisherError(
-            f"The NATS JetStream publisher needs the nats client: {schemes.BROKERS['nats'].install}"
-        )
+    require_client(_CLIENT_INSTALLED, "The NATS JetStream publisher", "nats")
 
 
 def message_headers(message: OutboxMessage) -> dict[str, str]:
@@ -150,10 +156,10 @@ class NatsJetStreamPublisher:
         _require_client()
         self.url = _check_server_url(url)
         self.subject_prefix = _check_prefix(subject_prefix)
-        self.timeout = _check_timeout(timeout)
+        self.timeout = positive_seconds("timeout", timeout, default=DEFAULT_TIMEOUT)
         self.stream = _check_stream(stream)
         self._tls = tls
-        self._shown = _hide_password(url)
+        self._shown = hide_password(url)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -471,42 +477,18 @@ def from_url(url: str) -> NatsJetStreamPublisher:
     Anything else raises :class:`PublisherError` naming the option.
     """
     _require_client()
-    if not isinstance(url, str):
-        raise PublisherError(f"A NATS publisher URL must be a string, got {url!r}.")
-    shown = _hide_password(url)
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError as error:
-        raise PublisherError(
-            f"NATS publisher URL {shown!r} cannot be parsed ({error}); use "
-            "nats://host:4222?subject_prefix=jobs."
-        ) from error
-    options: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in options:
-            raise PublisherError(
-                f"NATS publisher URL {shown!r} sets option {name!r} twice; give it once."
-            )
-        if name not in _OPTIONS:
-            raise PublisherError(
-                f"NATS publisher URL {shown!r} has unknown option {name!r}; the options are "
-                f"{', '.join(_OPTIONS)}."
-            )
-        options[name] = value
-    timeout = DEFAULT_TIMEOUT
-    if "timeout" in options:
-        try:
-            timeout = float(options["timeout"])
-        except ValueError:
-            raise PublisherError(
-                f"NATS publisher URL {shown!r} has timeout={options['timeout']!r}, which is not "
-                f"a number of seconds; use e.g. timeout=5, or leave it out for "
-                f"{DEFAULT_TIMEOUT:g}."
-            ) from None
+    parts, shown = split_publisher_url(
+        url,
+        label=_LABEL,
+        example="nats://host:4222?subject_prefix=jobs",  # the full stop ends the prefix too
+    )
+    options = query_options(parts.query, label=_LABEL, shown=shown, known=_OPTIONS)
     return NatsJetStreamPublisher(
         urlunsplit(parts._replace(query="", fragment="")),
         subject_prefix=options.get("subject_prefix", ""),
-        timeout=timeout,
+        timeout=parse_seconds(
+            "timeout", options.get("timeout"), default=DEFAULT_TIMEOUT, label=_LABEL, shown=shown
+        ),
         stream=options.get("stream") or None,
     )
 
@@ -514,19 +496,10 @@ def from_url(url: str) -> NatsJetStreamPublisher:
 def _check_server_url(url: object) -> str:
     if not isinstance(url, str):
         raise PublisherError(f"A NATS server URL must be a string, got {url!r}.")
-    shown = _hide_password(url)
-    try:
-        parts = urlsplit(url)
-        host, _port = parts.hostname, parts.port  # .port raises ValueError for a bad port
-    except ValueError as error:
-        raise PublisherError(
-            f"NATS URL {shown!r} is malformed ({error}); use nats://host:4222."
-        ) from error
-    if parts.scheme.lower() not in ("nats", "tls"):
-        raise PublisherError(
-            f"NATS URL {shown!r} has scheme {parts.scheme!r}; use nats:// or tls:// (TLS)."
-        )
-    if not host:
+    parts, shown = split_url(
+        url, label="NATS URL", example="nats://host:4222", schemes=("nats", "tls")
+    )
+    if not parts.hostname:
         raise PublisherError(f"NATS URL {shown!r} names no host; use nats://host:4222.")
     if parts.path.strip("/"):
         raise PublisherError(
@@ -547,20 +520,6 @@ def _check_prefix(prefix: object) -> str:
     return prefix
 
 
-def _check_timeout(seconds: object) -> float:
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
-        raise PublisherError(
-            f"timeout must be a positive, finite number of seconds, got {seconds!r}; use e.g. "
-            f"timeout=5, or leave it out for {DEFAULT_TIMEOUT:g}."
-        )
-    return float(seconds)
-
-
 def _check_stream(stream: object) -> str | None:
     if stream is None:
         return None
@@ -570,14 +529,3 @@ def _check_stream(stream: object) -> str | None:
             f"{stream!r}; use e.g. stream=OUTBOX, or leave it out."
         )
     return stream
-
-
-def _hide_password(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparseable URL>"

@@ -66,12 +66,12 @@ import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from sqla_outbox.errors import OutboxError, PublisherError, PublishError
+from sqla_outbox.errors import BrokerError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishers import schemes
+from sqla_outbox.publishers.urls import hide_password, require_client, split_options, split_url
 
 try:
     import pika  # type: ignore[import-untyped]
@@ -103,10 +103,9 @@ APP_ID = "sqla-outbox"
 """The ``app_id`` property of every message, so a consumer can tell who produced it."""
 
 _OWN_OPTIONS = frozenset({"exchange"})
-_SCHEMES = ("amqp", "amqps")
 
 
-class RabbitMQError(OutboxError):
+class RabbitMQError(BrokerError):
     """RabbitMQ did not take a message: unroutable, refused, or the connection failed.
 
     The relay records the message as this error's sentence in the row's ``last_error``, so each
@@ -140,12 +139,7 @@ class RabbitMQPublisher:
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, exchange: str | None = None) -> None:
-        if pika is None:
-            broker = schemes.BROKERS["amqp"]
-            raise PublisherError(
-                f"The RabbitMQ publisher needs the {broker.client} client, which is not "
-                f"installed; install it with: {broker.install}"
-            )
+        require_client(pika is not None, "The RabbitMQ publisher", "amqp")
         options, pika_url = _split_url(url)
         self.exchange = options.get("exchange", "") if exchange is None else exchange
         if not isinstance(self.exchange, str):
@@ -153,7 +147,7 @@ class RabbitMQPublisher:
                 f"exchange must be a string naming a RabbitMQ exchange, got {self.exchange!r}; "
                 "pass e.g. exchange='jobs', or '' for the default exchange."
             )
-        self.url = _hide_password(url)
+        self.url = hide_password(url)
         """The URL with its password replaced by ``***``, for logs and errors."""
         self._parameters = _connection_parameters(pika_url, self.url)
         self._connection: Any = None
@@ -342,38 +336,18 @@ def _split_url(url: str) -> tuple[dict[str, str], str]:
         raise PublisherError(
             f"The RabbitMQ publisher needs an amqp:// or amqps:// URL string, got {url!r}."
         )
-    shown = _hide_password(url)
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsing the port is what validates it
-    except ValueError as error:
-        raise PublisherError(
-            f"RabbitMQ URL {shown!r} is malformed ({error}); use "
-            "amqp://user:password@host:5672/vhost, with the vhost percent-encoded (%2F for /)."
-        ) from error
-    if parts.scheme.lower() not in _SCHEMES:
-        raise PublisherError(
-            f"RabbitMQ URL {shown!r} has scheme {parts.scheme!r}; use amqp:// or amqps:// (TLS)."
-        )
+    parts, shown = split_url(
+        url,
+        label="RabbitMQ URL",
+        example="amqp://user:password@host:5672/vhost, with the vhost percent-encoded (%2F for /)",
+        schemes=("amqp", "amqps"),
+    )
     if parts.path.count("/") > 1:
         raise PublisherError(
             f"RabbitMQ URL {shown!r} has the path {parts.path!r}, but the path is one vhost "
             "name; percent-encode any '/' in it (amqp://host/%2F is the vhost '/')."
         )
-    own: dict[str, str] = {}
-    kept: list[str] = []
-    for pair in parts.query.split("&") if parts.query else []:
-        decoded = parse_qsl(pair, keep_blank_values=True)
-        name = decoded[0][0] if decoded else pair
-        if name in _OWN_OPTIONS:
-            if name in own:
-                raise PublisherError(
-                    f"RabbitMQ URL {shown!r} gives the option {name!r} twice; keep one."
-                )
-            own[name] = decoded[0][1]
-        else:
-            kept.append(pair)
-    return own, urlunsplit(parts._replace(query="&".join(kept)))
+    return split_options(parts, _OWN_OPTIONS, label="RabbitMQ URL", shown=shown)
 
 
 def _connection_parameters(pika_url: str, shown: str) -> Any:
@@ -393,17 +367,6 @@ def _connection_parameters(pika_url: str, shown: str) -> Any:
         # the relay's connections from the application's.
         parameters.client_properties = {"connection_name": APP_ID}
     return parameters
-
-
-def _hide_password(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except (ValueError, TypeError, AttributeError):
-        return "<unparseable URL>"
 
 
 def _describe(error: BaseException) -> str:

@@ -44,14 +44,23 @@ The trap
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 from sqla_outbox.errors import PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishers import schemes
+from sqla_outbox.publishers.urls import (
+    check_scheme,
+    hide_password,
+    parse_seconds,
+    positive_seconds,
+    query_options,
+    require_client,
+    split_publisher_url,
+    split_url,
+    unknown_option,
+)
 
 try:
     import redis
@@ -73,14 +82,12 @@ _OPTIONS = ("stream", "maxlen", "socket_timeout")
 # redis-py's own TLS settings, passed through unchanged for rediss:// URLs.
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
 _CERT_REQS = ("none", "optional", "required")
+_SCHEMES = ("redis", "rediss")
+_LABEL = "Redis publisher URL"
 
 
 def _require_client() -> None:
-    if not _CLIENT_INSTALLED:
-        raise PublisherError(
-            "The Redis Streams publisher needs the redis client: "
-            f"{schemes.BROKERS['redis'].install}"
-        )
+    require_client(_CLIENT_INSTALLED, "The Redis Streams publisher", "redis")
 
 
 def entry_fields(message: OutboxMessage) -> dict[str, str]:
@@ -141,8 +148,10 @@ class RedisStreamsPublisher:
         self.url = url
         self.stream = _check_stream(stream)
         self.maxlen = _check_maxlen(maxlen)
-        self.socket_timeout = _check_timeout(socket_timeout)
-        self._shown = _hide_password(url) if client is None else repr(client)
+        self.socket_timeout = positive_seconds(
+            "socket_timeout", socket_timeout, default=DEFAULT_SOCKET_TIMEOUT
+        )
+        self._shown = hide_password(url) if client is None else repr(client)
         self._ssl_options = dict(ssl_options or {})
         self._owns_client = client is None
         self._client: redis.Redis | None = client
@@ -259,30 +268,12 @@ def from_url(url: str) -> RedisStreamsPublisher:
     is not silently ignored.
     """
     _require_client()
-    shown = _hide_password(url) if isinstance(url, str) else repr(url)
-    if not isinstance(url, str):
-        raise PublisherError(f"A Redis publisher URL must be a string, got {url!r}.")
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError as error:
-        raise PublisherError(
-            f"Redis publisher URL {shown!r} cannot be parsed ({error}); use "
-            "redis://host:6379/0?stream={queue}."
-        ) from error
-    scheme = parts.scheme.lower()
-    if scheme not in ("redis", "rediss"):
-        raise PublisherError(
-            f"Redis publisher URL {shown!r} has scheme {parts.scheme!r}; use redis:// or "
-            "rediss:// (TLS)."
-        )
-    options: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in options:
-            raise PublisherError(
-                f"Redis publisher URL {shown!r} sets option {name!r} twice; give it once."
-            )
-        options[name] = value
-    known = _OPTIONS + (_TLS_OPTIONS if scheme == "rediss" else ())
+    parts, shown = split_publisher_url(
+        url, label=_LABEL, example="redis://host:6379/0?stream={queue}"
+    )
+    check_scheme(parts, _SCHEMES, label=_LABEL, shown=shown)
+    options = query_options(parts.query, label=_LABEL, shown=shown)
+    known = _OPTIONS + (_TLS_OPTIONS if parts.scheme.lower() == "rediss" else ())
     for name in options:
         if name in _TLS_OPTIONS and name not in known:
             raise PublisherError(
@@ -290,10 +281,7 @@ def from_url(url: str) -> RedisStreamsPublisher:
                 "redis:// URL; use rediss:// for TLS, or drop the option."
             )
         if name not in known:
-            raise PublisherError(
-                f"Redis publisher URL {shown!r} has unknown option {name!r}; the options are "
-                f"{', '.join(known)}."
-            )
+            raise unknown_option(_LABEL, shown, name, known)
     ssl_options = {name: options[name] for name in _TLS_OPTIONS if name in options}
     cert_reqs = ssl_options.get("ssl_cert_reqs")
     if cert_reqs is not None and cert_reqs not in _CERT_REQS:
@@ -306,8 +294,12 @@ def from_url(url: str) -> RedisStreamsPublisher:
         server_url,
         stream=options.get("stream", QUEUE_PLACEHOLDER),
         maxlen=_parse_int("maxlen", options.get("maxlen"), shown),
-        socket_timeout=_parse_float(
-            "socket_timeout", options.get("socket_timeout"), shown, DEFAULT_SOCKET_TIMEOUT
+        socket_timeout=parse_seconds(
+            "socket_timeout",
+            options.get("socket_timeout"),
+            default=DEFAULT_SOCKET_TIMEOUT,
+            label=_LABEL,
+            shown=shown,
         ),
         ssl_options=ssl_options,
     )
@@ -322,18 +314,6 @@ def _parse_int(name: str, text: str | None, shown: str) -> int | None:
         raise PublisherError(
             f"Redis publisher URL {shown!r} has {name}={text!r}, which is not a whole number; "
             f"use e.g. {name}=100000, or leave it out."
-        ) from None
-
-
-def _parse_float(name: str, text: str | None, shown: str, default: float) -> float:
-    if text is None:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        raise PublisherError(
-            f"Redis publisher URL {shown!r} has {name}={text!r}, which is not a number of "
-            f"seconds; use e.g. {name}=5, or leave it out for {default:g}."
         ) from None
 
 
@@ -363,34 +343,11 @@ def _check_maxlen(maxlen: object) -> int | None:
     return maxlen
 
 
-def _check_timeout(seconds: object) -> float:
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
-        raise PublisherError(
-            f"socket_timeout must be a positive, finite number of seconds, got {seconds!r}; "
-            f"use e.g. socket_timeout=5, or leave it out for {DEFAULT_SOCKET_TIMEOUT:g}."
-        )
-    return float(seconds)
-
-
 def _check_server_url(url: str) -> None:
-    shown = _hide_password(url)
-    try:
-        parts = urlsplit(url)
-        host, _port = parts.hostname, parts.port  # .port raises ValueError for a bad port
-    except ValueError as error:
-        raise PublisherError(
-            f"Redis URL {shown!r} is malformed ({error}); use redis://host:6379/0."
-        ) from error
-    if parts.scheme.lower() not in ("redis", "rediss"):
-        raise PublisherError(
-            f"Redis URL {shown!r} has scheme {parts.scheme!r}; use redis:// or rediss:// (TLS)."
-        )
-    if not host:
+    parts, shown = split_url(
+        url, label="Redis URL", example="redis://host:6379/0", schemes=_SCHEMES
+    )
+    if not parts.hostname:
         raise PublisherError(f"Redis URL {shown!r} names no host; use redis://host:6379/0.")
     db = parts.path.strip("/")
     if db and not db.isdigit():
@@ -398,14 +355,3 @@ def _check_server_url(url: str) -> None:
             f"Redis URL {shown!r} has database {db!r}, which is not a number; use e.g. "
             "redis://host:6379/0."
         )
-
-
-def _hide_password(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparseable URL>"

@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import nats
 import pytest
@@ -27,6 +25,17 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
+from support import (
+    WAIT,
+    MakeRelay,
+    Recorder,
+    free_port,
+    publisher_error,
+    run_cli,
+    stage,
+    url_of,
+    wait_until,
+)
 
 import sqla_outbox as outbox
 from sqla_outbox.errors import PublisherError, PublishError
@@ -37,9 +46,7 @@ from sqla_outbox.publishers.nats_jetstream import NatsJetStreamPublisher, from_u
 from . import throwaway
 
 NATS_URL = "nats://127.0.0.1:4222"
-WAIT = 30.0  # seconds; a bound on waits that should take milliseconds
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-REPO = Path(__file__).resolve().parents[2]
 _T = TypeVar("_T")
 
 
@@ -127,24 +134,6 @@ def stream(shared_nats: str) -> Iterator[Stream]:
     with_jetstream(shared_nats, delete)
 
 
-MakeRelay = Callable[..., outbox.Relay]
-
-
-@pytest.fixture
-def make_relay() -> Iterator[MakeRelay]:
-    """Build relays that are stopped (and their publishers closed) when the test ends."""
-    made: list[outbox.Relay] = []
-
-    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
-        relay = outbox.Relay(*args, **kwargs)
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.stop()
-
-
 @pytest.fixture
 def publishers() -> Iterator[Callable[[str], NatsJetStreamPublisher]]:
     """``from_url`` for publishers used without a relay; each is closed when the test ends."""
@@ -159,82 +148,14 @@ def publishers() -> Iterator[Callable[[str], NatsJetStreamPublisher]]:
         publisher.close()
 
 
-def stage(
-    engine: Engine, queue: str, count: int, *, commit: bool = True, **attributes: Any
-) -> list[OutboxMessage]:
-    """Enqueue ``count`` messages in one transaction, then commit or roll it back."""
-    with Session(engine) as session:
-        staged = [
-            outbox.enqueue(session, "send_email", {"n": n, "to": "ünïcode@example.com"},
-                           queue=queue, **attributes)
-            for n in range(count)
-        ]  # fmt: skip
-        if commit:
-            session.commit()
-        else:
-            session.rollback()
-    return staged
-
-
 def message(queue: str, key: str | None = None) -> OutboxMessage:
     now = dt.datetime.now(dt.timezone.utc)
     return OutboxMessage(uuid.uuid4(), "job", queue, {"k": key}, key or str(uuid.uuid4()), 3,
                          now, now)  # fmt: skip
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``condition`` (real state, not time) until true, or fail saying ``what``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def loop_threads(publisher: NatsJetStreamPublisher) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"sqla-outbox-nats-{id(publisher):x}"]
-
-
-class Recorder:
-    """Wraps a batch publisher: records what it confirmed and can hold the relay after a count.
-
-    Once ``pause_after`` messages are confirmed, the call that confirmed them sets ``paused``
-    and waits for ``resume`` before returning, so the test can act while the relay is parked
-    between two passes with a known number delivered.
-    """
-
-    def __init__(self, inner: Any, *, pause_after: int | None = None) -> None:
-        self.inner = inner
-        self.pause_after = pause_after
-        self.confirmed: list[OutboxMessage] = []
-        self.failures: list[tuple[BaseException, float]] = []
-        self.paused = threading.Event()
-        self.resume = threading.Event()
-        self.failed = threading.Event()
-
-    def publish(self, message: OutboxMessage) -> None:
-        self.publish_batch([message])
-
-    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
-        started = time.monotonic()
-        try:
-            self.inner.publish_batch(messages)
-        except Exception as error:
-            done = error.published if isinstance(error, PublishError) else 0
-            self.confirmed.extend(messages[:done])
-            self.failures.append((error, time.monotonic() - started))
-            self.failed.set()
-            raise
-        self.confirmed.extend(messages)
-        if (
-            self.pause_after is not None
-            and len(self.confirmed) >= self.pause_after
-            and not self.paused.is_set()
-        ):
-            self.paused.set()
-            self.resume.wait(WAIT)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # --- delivery ----------------------------------------------------------------------------------
@@ -362,7 +283,7 @@ def test_the_stream_option_makes_jetstream_refuse_another_stream(
 def test_an_unreachable_server_fails_the_publish_within_timeout() -> None:
     """Nothing listening: publish raises PublishError(published=0) after about ``timeout``
     seconds instead of hanging the relay (nats-py alone would retry connecting forever)."""
-    publisher = from_url(f"nats://127.0.0.1:{throwaway.free_port()}?timeout=1")
+    publisher = from_url(f"nats://127.0.0.1:{free_port()}?timeout=1")
     started = time.monotonic()
     try:
         with pytest.raises(PublishError, match=r"relay retries on a later pass") as info:
@@ -415,10 +336,7 @@ def test_close_joins_the_loop_thread_and_a_later_publish_starts_afresh(
 def test_from_url_rejects_a_bad_url_in_one_sentence(url: str, expected: str) -> None:
     """A malformed URL or bad option is a PublisherError: one sentence with the value and the
     fix, raised by from_url before any connection is attempted."""
-    with pytest.raises(PublisherError, match=expected) as info:
-        from_url(url)
-    text = str(info.value)
-    assert "\n" not in text and text.endswith(".")
+    publisher_error(from_url, url, match=expected)
 
 
 def test_from_url_hides_the_password_and_reads_every_option() -> None:
@@ -452,16 +370,8 @@ def test_cli_relay_once_publishes_to_jetstream(pg_engine: Engine, stream: Stream
     """`sqla-outbox relay --once --publisher nats://...` delivers the committed messages."""
     committed = stage(pg_engine, "cli", 3)
     stage(pg_engine, "cli", 1, commit=False)
-    command = [
-        sys.executable, "-m", "sqla_outbox.cli", "relay", "--once",
-        "--url", pg_engine.url.render_as_string(hide_password=False),
-        "--publisher", f"{NATS_URL}?subject_prefix={stream.subject_prefix}&timeout=5",
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=60, cwd=REPO, check=False
-    )
-    if result.returncode != 0 and "not available in this version" in result.stderr:
-        pytest.skip("the CLI does not route nats:// publisher URLs to nats_jetstream.from_url yet")
+    publisher = f"{NATS_URL}?subject_prefix={stream.subject_prefix}&timeout=5"
+    result = run_cli("relay", "--once", "--url", url_of(pg_engine), "--publisher", publisher)
     assert result.returncode == 0, result.stderr
     assert msg_ids(stream_messages(NATS_URL, stream.name)) == [m.idempotency_key for m in committed]
 

@@ -13,21 +13,24 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session
+from support import (
+    MakeRelay,
+    publisher_error,
+    row,
+    run_cli,
+    stage_inputs,
+    wait_until,
+    without_client,
+)
 
-import sqla_outbox as outbox
-from sqla_outbox.errors import PublisherError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers import rabbitmq
 
@@ -36,12 +39,8 @@ pika = pytest.importorskip(
 )
 
 AMQP_URL = os.environ.get("SQLA_OUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-REPO = Path(__file__).resolve().parents[2]
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-WAIT = 30.0  # seconds; a bound on waits that should take well under a second
-
-Row = outbox.OutboxRow
-MakeRelay = Callable[..., outbox.Relay]
+ENVELOPE = {"tenant_id": "tenant-7", "enqueued_by": "user:42", "traceparent": TRACEPARENT}
 
 
 # --- fixtures ----------------------------------------------------------------------------------
@@ -82,45 +81,12 @@ def declare(channel: Any) -> Iterator[Callable[[str], str]]:
         channel.queue_delete(name)
 
 
-@pytest.fixture
-def make_relay() -> Iterator[MakeRelay]:
-    """Build relays that are stopped and closed (closing their publishers) when the test ends."""
-    made: list[outbox.Relay] = []
-
-    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
-        relay = outbox.Relay(*args, **kwargs)
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.stop()
-        relay.close()  # stop() closes only a relay that was started; close() is idempotent
-
-
 # --- helpers -----------------------------------------------------------------------------------
 
 
 def enqueue(engine: Engine, queue: str, *inputs: Any, commit: bool = True) -> list[OutboxMessage]:
     """Enqueue one job per input in one transaction, committed or rolled back."""
-    with Session(engine) as session:
-        messages = [
-            outbox.enqueue(
-                session,
-                "send_email",
-                value,
-                queue=queue,
-                tenant_id="tenant-7",
-                enqueued_by="user:42",
-                traceparent=TRACEPARENT,
-            )
-            for value in inputs
-        ]
-        if commit:
-            session.commit()
-        else:
-            session.rollback()
-    return messages
+    return stage_inputs(engine, "send_email", inputs, commit=commit, queue=queue, **ENVELOPE)
 
 
 def drain_queue(channel: Any, queue: str) -> list[tuple[Any, Any, bytes]]:
@@ -131,11 +97,6 @@ def drain_queue(channel: Any, queue: str) -> list[tuple[Any, Any, bytes]]:
         if method is None:
             return received
         received.append((method, properties, body))
-
-
-def row(engine: Engine, message: OutboxMessage) -> Any:
-    with Session(engine) as session:
-        return session.execute(select(Row).where(Row.id == message.id)).scalar_one()
 
 
 def with_connection_name(url: str, name: str) -> str:
@@ -159,13 +120,6 @@ def connections_named(name: str, state: str | None = "running") -> list[str]:
     marker = f'{{"connection_name","{name}"}}'
     rows = [line.split("\t", 2) for line in listing.splitlines() if marker in line]
     return [pid for pid, row_state, _properties in rows if state in (None, row_state)]
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # --- delivery ----------------------------------------------------------------------------------
@@ -367,11 +321,8 @@ def test_an_unreachable_broker_fails_the_pass_with_the_url_and_no_password(
 def test_from_url_rejects_a_bad_url_in_one_sentence(url: str, expected: str) -> None:
     """A malformed URL or bad option is a PublisherError naming the URL (password hidden) and
     the fix, raised by from_url before any connection is attempted."""
-    with pytest.raises(PublisherError) as info:
-        rabbitmq.from_url(url)
-    text = str(info.value)
+    text = publisher_error(rabbitmq.from_url, url)
     assert expected in text and "hunter2" not in text
-    assert "\n" not in text and text.endswith(".")
 
 
 def test_from_url_accepts_amqps_vhosts_and_pika_options() -> None:
@@ -400,29 +351,8 @@ def test_cli_relay_once_delivers_the_committed_messages(
     queue = declare("cli")
     messages = enqueue(pg_engine, queue, {"n": 1}, {"n": 2})
     enqueue(pg_engine, queue, {"n": "rolled back"}, commit=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SQLA_OUTBOX_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sqla_outbox.cli",
-            "relay",
-            "--once",
-            "--url",
-            pg_url.render_as_string(hide_password=False),
-            "--publisher",
-            AMQP_URL,
-        ],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if "broker publishers are not available" in result.stderr:
-        pytest.skip("the CLI does not route amqp:// URLs to rabbitmq.from_url yet (loader.py)")
+    url = pg_url.render_as_string(hide_password=False)
+    result = run_cli("relay", "--once", "--url", url, "--publisher", AMQP_URL)
     assert result.returncode == 0, result.stderr
     received = drain_queue(channel, queue)
     assert [p.message_id for _m, p, _b in received] == [m.idempotency_key for m in messages]
@@ -430,15 +360,6 @@ def test_cli_relay_once_delivers_the_committed_messages(
 
 def test_without_pika_the_module_imports_and_from_url_names_the_install_line() -> None:
     """The module stays importable without the extra; from_url says what to pip install."""
-    code = (
-        "import sys; sys.modules['pika'] = None\n"
-        "from sqla_outbox.publishers import rabbitmq\n"
-        "from sqla_outbox.errors import PublisherError\n"
-        "try:\n    rabbitmq.from_url('amqp://localhost/')\n"
-        "except PublisherError as error:\n    print(error)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    result = without_client("pika", "rabbitmq", "rabbitmq.from_url('amqp://localhost/')")
     assert "needs the pika client" in result.stdout
     assert 'pip install "sqla-outbox[rabbitmq]"' in result.stdout

@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from support import (
+    WAIT,
+    MakeRelay,
+    Recorder,
+    free_port,
+    publisher_error,
+    reachable_redis,
+    run_cli,
+    stage,
+    url_of,
+    wait_until,
+)
 
 import sqla_outbox as outbox
 from sqla_outbox.errors import PublisherError, PublishError
@@ -32,9 +40,7 @@ from sqla_outbox.publishers.redis_streams import RedisStreamsPublisher, from_url
 from . import throwaway
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-WAIT = 30.0  # seconds; a bound on waits that should take milliseconds
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-REPO = Path(__file__).resolve().parents[2]
 
 Entry = dict[str, str]
 
@@ -45,14 +51,8 @@ Entry = dict[str, str]
 @pytest.fixture
 def shared_redis() -> Iterator[redis.Redis]:
     """A client of the shared Redis; skips the test when it is not running."""
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=3, decode_responses=True)
-    try:
-        client.ping()
-    except redis.RedisError as error:
-        client.close()
-        pytest.skip(f"Redis is not reachable at 127.0.0.1:6379: {error}")
-    yield client
-    client.close()
+    with reachable_redis(REDIS_URL, socket_timeout=3, decode_responses=True) as client:
+        yield client
 
 
 @pytest.fixture
@@ -73,53 +73,10 @@ def names(shared_redis: redis.Redis) -> Iterator[Callable[[str], str]]:
         shared_redis.delete(*keys)
 
 
-MakeRelay = Callable[..., outbox.Relay]
-
-
-@pytest.fixture
-def make_relay() -> Iterator[MakeRelay]:
-    """Build relays that are stopped (and their publishers closed) when the test ends."""
-    made: list[outbox.Relay] = []
-
-    def make(*args: Any, **kwargs: Any) -> outbox.Relay:
-        relay = outbox.Relay(*args, **kwargs)
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.stop()
-
-
-def stage(
-    engine: Engine, queue: str, count: int, *, commit: bool = True, **attributes: Any
-) -> list[OutboxMessage]:
-    """Enqueue ``count`` messages in one transaction, then commit or roll it back."""
-    with Session(engine) as session:
-        staged = [
-            outbox.enqueue(session, "send_email", {"n": n, "to": "ünïcode@example.com"},
-                           queue=queue, **attributes)
-            for n in range(count)
-        ]  # fmt: skip
-        if commit:
-            session.commit()
-        else:
-            session.rollback()
-    return staged
-
-
 def read_stream(client: redis.Redis, stream: str) -> list[Entry]:
     """Every entry of ``stream``, oldest first, as str -> str (client must decode)."""
     entries = client.xrange(stream) or []
     return [{str(k): str(v) for k, v in (fields or {}).items()} for _entry_id, fields in entries]
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll ``condition`` (real state, not time) until true, or fail saying ``what``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def expected_entry(message: OutboxMessage) -> Entry:
@@ -145,49 +102,6 @@ def without_times(entry: Entry) -> Entry:
         stamp = dt.datetime.fromisoformat(rest.pop(name))
         assert stamp.utcoffset() == dt.timedelta(0), entry
     return rest
-
-
-class Recorder:
-    """Wraps a batch publisher: records what it confirmed and can hold the relay after a count.
-
-    Once ``pause_after`` messages are confirmed, the call that confirmed them sets ``paused``
-    and waits for ``resume`` before returning, so the test can act while the relay is parked
-    between two passes with a known number delivered.
-    """
-
-    def __init__(self, inner: Any, *, pause_after: int | None = None) -> None:
-        self.inner = inner
-        self.pause_after = pause_after
-        self.confirmed: list[OutboxMessage] = []
-        self.failures: list[tuple[BaseException, float]] = []
-        self.paused = threading.Event()
-        self.resume = threading.Event()
-        self.failed = threading.Event()
-
-    def publish(self, message: OutboxMessage) -> None:
-        self.publish_batch([message])
-
-    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
-        started = time.monotonic()
-        try:
-            self.inner.publish_batch(messages)
-        except Exception as error:
-            done = error.published if isinstance(error, PublishError) else 0
-            self.confirmed.extend(messages[:done])
-            self.failures.append((error, time.monotonic() - started))
-            self.failed.set()
-            raise
-        self.confirmed.extend(messages)
-        if (
-            self.pause_after is not None
-            and len(self.confirmed) >= self.pause_after
-            and not self.paused.is_set()
-        ):
-            self.paused.set()
-            self.resume.wait(WAIT)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def message_for(queue: str, key: str) -> OutboxMessage:
@@ -285,7 +199,7 @@ def test_a_refused_xadd_confirms_exactly_the_prefix_before_it(
 def test_an_unreachable_redis_fails_the_publish_within_socket_timeout() -> None:
     """Nothing listening: publish raises PublishError(published=0) promptly instead of hanging
     the relay, and says the relay will retry."""
-    publisher = from_url(f"redis://127.0.0.1:{throwaway.free_port()}/0?socket_timeout=1")
+    publisher = from_url(f"redis://127.0.0.1:{free_port()}/0?socket_timeout=1")
     now = dt.datetime.now(dt.timezone.utc)
     message = OutboxMessage(uuid.uuid4(), "job", "q", None, "k", 1, now, now)
     started = time.monotonic()
@@ -321,10 +235,7 @@ def test_an_unreachable_redis_fails_the_publish_within_socket_timeout() -> None:
 def test_from_url_rejects_a_bad_url_in_one_sentence(url: str, expected: str) -> None:
     """A malformed URL or bad option is a PublisherError: one sentence with the value and the
     fix, raised by from_url before any connection is attempted."""
-    with pytest.raises(PublisherError, match=expected) as info:
-        from_url(url)
-    text = str(info.value)
-    assert "\n" not in text and text.endswith(".")
+    publisher_error(from_url, url, match=expected)
 
 
 def test_from_url_hides_the_password_and_keeps_tls_options() -> None:
@@ -360,16 +271,8 @@ def test_cli_relay_once_publishes_to_redis(
     queue = names("cli")
     committed = stage(pg_engine, queue, 3)
     stage(pg_engine, queue, 1, commit=False)
-    command = [
-        sys.executable, "-m", "sqla_outbox.cli", "relay", "--once",
-        "--url", pg_engine.url.render_as_string(hide_password=False),
-        "--publisher", f"{REDIS_URL}?socket_timeout=3",
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=60, cwd=REPO, check=False
-    )
-    if result.returncode != 0 and "not available in this version" in result.stderr:
-        pytest.skip("the CLI does not route redis:// publisher URLs to redis_streams.from_url yet")
+    publisher = f"{REDIS_URL}?socket_timeout=3"
+    result = run_cli("relay", "--once", "--url", url_of(pg_engine), "--publisher", publisher)
     assert result.returncode == 0, result.stderr
     keys = [entry["idempotency_key"] for entry in read_stream(shared_redis, queue)]
     assert keys == [message.idempotency_key for message in committed]
@@ -444,7 +347,7 @@ def test_relay_marks_nothing_while_redis_is_unreachable_and_records_why(
     """With Redis unreachable a pass publishes nothing, marks nothing, and records the
     publisher's sentence on the first row; tick() returns normally rather than raising."""
     messages = stage(pg_engine, "down", 3)
-    publisher = from_url(f"redis://127.0.0.1:{throwaway.free_port()}/0?socket_timeout=1")
+    publisher = from_url(f"redis://127.0.0.1:{free_port()}/0?socket_timeout=1")
     relay = make_relay(pg_engine, publisher)
     assert relay.tick() == 0
     assert relay.pending() == 3

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,18 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support import free_port
 
 START_TIMEOUT = 20.0  # seconds; a broker normally starts in well under one
 STOP_TIMEOUT = 10.0
 _POLL = 0.02
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def find_binary(name: str, *fallbacks: str) -> str:
