@@ -91,7 +91,10 @@ def test_poll_only_relay_does_not_listen(pg_engine: Engine) -> None:
     try:
         with pg_engine.connect() as conn:
             listeners = conn.execute(
-                text("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                )
             ).scalar_one()
     finally:
         relay.stop()
