@@ -2,20 +2,23 @@
 
 It is deliberately not the ORM row. A publisher must not be able to change what was committed,
 and a message staged in a transaction that has not committed yet has no row to point at.
+
+It is a ``typing.NamedTuple`` rather than a frozen dataclass because a relay builds one per
+claimed row: a named tuple is built from a row in a quarter of a microsecond, a frozen dataclass
+in about two, which was a tenth of the relay's whole per-row cost. Read it by attribute; the
+tuple order is the table's column order and is not part of the API.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["OutboxMessage"]
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxMessage:
+class OutboxMessage(NamedTuple):
     """One job, as staged and as published.
 
     ``idempotency_key`` is what a consumer deduplicates on: the relay publishes at least once, so

@@ -117,7 +117,7 @@ def _unpublished() -> ColumnElement[bool]:
     return outbox_table.c.published_at.is_(None)
 
 
-def claim_stmt(dialect: str) -> Update:
+def claim_stmt(dialect: str) -> Update | Select[Any]:
     """Lease up to ``:limit`` due, unpublished, unclaimed-or-lapsed rows, in claim order.
 
     One statement locks and stamps: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
@@ -133,7 +133,8 @@ def claim_stmt(dialect: str) -> Update:
     another claim, or handed back after a failure): the group waits until that row is published.
     One index probe per group, on the group's first candidate (``row_number() = 1``).
 
-    RETURNING order is not guaranteed, so callers sort the rows by ``(staged_at, id)``.
+    RETURNING order is not guaranteed. On PostgreSQL the UPDATE is wrapped in a data-modifying
+    CTE and the outer SELECT returns the rows in claim order; on SQLite the caller sorts them.
 
     Parameters: ``limit``, ``token``; ``lease`` (a ``timedelta``) on PostgreSQL, ``now`` and
     ``cutoff`` (``now - lease``) on SQLite.
@@ -171,12 +172,16 @@ def claim_stmt(dialect: str) -> Update:
         ),
     )
     claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back_groups))
-    return (
+    claim = (
         update(outbox_table)
         .where(outbox_table.c.id.in_(claimable))
         .values(claimed_by=bindparam("token"), claimed_at=now)
         .returning(*_MESSAGE_COLUMNS)
     )
+    if dialect != "postgresql":
+        return claim  # SQLite allows no UPDATE inside WITH; the relay sorts these rows itself
+    claimed = claim.cte("claimed")
+    return select(*claimed.c).order_by(claimed.c.staged_at, claimed.c.id)
 
 
 def _fenced() -> ColumnElement[bool]:
@@ -185,30 +190,46 @@ def _fenced() -> ColumnElement[bool]:
     return and_(outbox_table.c.claimed_by == bindparam("token"), _unpublished())
 
 
-def mark_published_stmt(dialect: str) -> Update:
-    """Mark the claim's rows up to and including ``(:last_staged_at, :last_id)`` published.
-
-    Rows are published in claim order, so the published ones are always a prefix of the claim;
-    a bound on the sort key names that prefix in two parameters instead of a list of ids.
-    ``rowcount`` below the number published means part of the claim was lost to another relay.
-    """
-    upto = tuple_(outbox_table.c.staged_at, outbox_table.c.id) <= tuple_(
-        bindparam("last_staged_at", type_=UTCDateTime()),
-        bindparam("last_id", type_=outbox_table.c.id.type),
+def _claim_slice() -> ColumnElement[bool]:
+    # Rows are published in claim order, so "the published ones" and "the rest" are both
+    # contiguous slices of the claim in (staged_at, id) order. Bounding the slice on both sides
+    # keeps the update on the partial index; a bound on one side only (or the token alone, which
+    # is not indexed) turns it into a scan of every unpublished row once the backlog is large.
+    key = tuple_(outbox_table.c.staged_at, outbox_table.c.id)
+    return and_(
+        key
+        >= tuple_(
+            bindparam("first_staged_at", type_=UTCDateTime()),
+            bindparam("first_id", type_=outbox_table.c.id.type),
+        ),
+        key
+        <= tuple_(
+            bindparam("last_staged_at", type_=UTCDateTime()),
+            bindparam("last_id", type_=outbox_table.c.id.type),
+        ),
     )
-    return update(outbox_table).where(_fenced(), upto).values(published_at=_now(dialect))
+
+
+def mark_published_stmt(dialect: str) -> Update:
+    """Mark the claim's rows between ``:first_*`` and ``:last_*`` (inclusive) published.
+
+    Used for the published prefix of a claim. ``rowcount`` below the number published means part
+    of the claim was lost to another relay, whose work then stands.
+    """
+    return update(outbox_table).where(_fenced(), _claim_slice()).values(published_at=_now(dialect))
 
 
 def release_stmt() -> Update:
-    """Hand the claim's unpublished rows back at once; record a failure on ``:failed_id``.
+    """Hand the claim's unpublished rows between ``:first_*`` and ``:last_*`` back at once.
 
-    Without it the rows a failed pass held would wait out the whole lease. ``:failed_id`` may
-    be ``None`` (a graceful stop mid-pass), in which case no attempt is recorded.
+    Without it the rows a failed pass held would wait out the whole lease. A failure is recorded
+    (``attempts + 1``, ``last_error``) on ``:failed_id``, which may be ``None`` (a graceful stop
+    mid-pass records nothing).
     """
     failed = outbox_table.c.id == bindparam("failed_id", type_=outbox_table.c.id.type)
     return (
         update(outbox_table)
-        .where(_fenced())
+        .where(_fenced(), _claim_slice())
         .values(
             claimed_by=null(),
             claimed_at=null(),

@@ -90,6 +90,28 @@ class PassResult:
         )
 
 
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo is dt.timezone.utc else value.astimezone(dt.timezone.utc)
+
+
+def _from_driver_row(row: Any) -> OutboxMessage:
+    """A message from a claim row as psycopg returns it (timestamps normalised to UTC)."""
+    return OutboxMessage(
+        row[0], row[1], row[2], row[3], row[4], row[5],
+        _utc(row[6]), _utc(row[7]), row[8], row[9], row[10],
+    )  # fmt: skip
+
+
+def _slice(first: OutboxMessage, last: OutboxMessage) -> dict[str, Any]:
+    """Bounds of a contiguous run of a claim, for the fenced mark and release statements."""
+    return {
+        "first_staged_at": first.staged_at,
+        "first_id": first.id,
+        "last_staged_at": last.staged_at,
+        "last_id": last.id,
+    }
+
+
 def _relay_engine(bind: Engine | str | URL) -> Engine:
     if isinstance(bind, Engine):
         url = bind.url
@@ -174,6 +196,13 @@ class Relay:
             if self._dialect == "postgresql"
             else None
         )
+        self._held: Connection | None = None
+        self._claim_sql: str | None = None
+        self._claim_literals: dict[str, Any] = {}
+        if self._dialect == "postgresql" and self.engine.dialect.driver == "psycopg":
+            compiled = self._claim.compile(dialect=self.engine.dialect)
+            self._claim_sql = str(compiled)
+            self._claim_literals = dict(compiled.params)  # constants such as the "= 1" bound
 
     def __repr__(self) -> str:
         return f"<Relay {self.relay_id} on {hide_password(self.engine.url)}>"
@@ -190,7 +219,11 @@ class Relay:
 
     def run_pass(self) -> PassResult:
         """One pass, with what it claimed and whether a publish failed."""
-        return self._pass(interruptible=False)
+        try:
+            return self._pass(interruptible=False)
+        finally:
+            with self._pass_lock:
+                self._drop_held()  # only loops keep a connection between passes
 
     def drain(self) -> PassResult:
         """Run passes until nothing due is left, a publish fails, or :meth:`stop` is called.
@@ -203,11 +236,15 @@ class Relay:
 
     def _drain(self) -> PassResult:
         total = PassResult()
-        while not self._stopping.is_set():
-            result = self._pass(interruptible=True)
-            total += result
-            if result.failed or result.claimed < self.batch_size:
-                break
+        try:
+            while not self._stopping.is_set():
+                result = self._pass(interruptible=True)
+                total += result
+                if result.failed or not result.claimed:
+                    break
+        finally:
+            with self._pass_lock:
+                self._drop_held()
         return total
 
     def _pass(self, *, interruptible: bool) -> PassResult:
@@ -231,8 +268,14 @@ class Relay:
     def _claim_rows(self, token: str) -> list[OutboxMessage]:
         params = self._params(limit=self.batch_size, lease=self.claim_lease, token=token)
         with self._transaction(statements=1) as conn:
-            rows = conn.execute(self._claim, params).all()
-        messages = [OutboxMessage(*row) for row in rows]
+            if self._claim_sql is None:
+                messages = [OutboxMessage._make(row) for row in conn.execute(self._claim, params)]
+            else:
+                # The claim is the one statement whose rows are many: on PostgreSQL it runs
+                # pre-compiled, and psycopg's own values (uuid, jsonb -> dict, timestamptz) are
+                # used as they come, without SQLAlchemy's per-value result processing.
+                result = conn.exec_driver_sql(self._claim_sql, {**self._claim_literals, **params})
+                return [_from_driver_row(row) for row in result.all()]  # in claim order
         # UUID.int compares natively; UUID objects compare through Python-level methods.
         messages.sort(key=lambda m: (m.staged_at, m.id.int))
         return messages
@@ -274,8 +317,7 @@ class Relay:
         remaining = len(messages) - published
         with self._transaction(statements=(published > 0) + (remaining > 0)) as conn:
             if published:
-                last = messages[published - 1]
-                params = self._params(token=token, last_staged_at=last.staged_at, last_id=last.id)
+                params = self._params(token=token, **_slice(messages[0], messages[published - 1]))
                 marked = conn.execute(self._mark, params).rowcount
                 if marked != published:
                     self._log_lost_claim(token, "mark", expected=published, touched=marked)
@@ -285,6 +327,7 @@ class Relay:
                     "token": token,
                     "failed_id": failed.id if failed else None,
                     "error": f"{type(error).__name__}: {error}"[:2000] if error else None,
+                    **_slice(messages[published], messages[-1]),
                 }
                 released = conn.execute(self._release, params).rowcount
                 if released != remaining:
@@ -319,12 +362,32 @@ class Relay:
 
     @contextmanager
     def _transaction(self, statements: int) -> Iterator[Connection]:
-        if statements == 1 and self._autocommit is not None:
-            with raise_if_missing_table(self.engine), self._autocommit.connect() as conn:
+        """A connection for one pass step: autocommit for a single statement on PostgreSQL.
+
+        Single statements reuse one connection held across passes (passes are serialised by
+        ``_pass_lock``), saving a pool checkout and an isolation-level reset per statement. Any
+        error drops it; the next step takes a fresh one from the pool.
+        """
+        with raise_if_missing_table(self.engine):
+            if statements == 1 and self._autocommit is not None:
+                if self._held is None:
+                    self._held = self._autocommit.connect()
+                try:
+                    yield self._held
+                except BaseException:
+                    self._drop_held()
+                    raise
+                return
+            with self.engine.begin() as conn:
                 yield conn
-            return
-        with raise_if_missing_table(self.engine), self.engine.begin() as conn:
-            yield conn
+
+    def _drop_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            try:
+                held.close()
+            except SQLAlchemyError:
+                log.debug("closing a broken relay connection failed", exc_info=True)
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -411,6 +474,8 @@ class Relay:
             self._passes()
         finally:
             unsubscribe(self)
+            with self._pass_lock:
+                self._drop_held()
             if listener is not None:
                 listener.stop()
 
@@ -450,8 +515,10 @@ class Relay:
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
             backoff = self.poll_interval
-            if result.claimed == self.batch_size:
-                continue  # a full batch: more is probably waiting
+            if result.claimed:
+                # More may be due. A short claim does not mean an empty backlog: a claim leaves
+                # out transactions another relay is still publishing the start of.
+                continue
             self._wake.wait(self.poll_interval)
             self._wake.clear()
         log_event(log, logging.INFO, "relay.stopped", relay=self.relay_id)
@@ -462,6 +529,8 @@ class Relay:
         :meth:`stop` and :meth:`run` call it. An engine passed in by the caller stays open: it is
         the caller's. Also called on leaving a ``with Relay(...) as relay:`` block.
         """
+        with self._pass_lock:
+            self._drop_held()
         close = getattr(self.publisher, "close", None)
         if callable(close):
             try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from sqlalchemy.dialects import postgresql, sqlite
 
 from sqla_outbox import queries
@@ -18,7 +16,8 @@ def test_postgresql_claim_locks_and_stamps_in_one_statement() -> None:
     """The claim is one UPDATE over a FOR UPDATE SKIP LOCKED subselect, in claim order."""
     sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
     assert sql.startswith("WITH candidates AS (SELECT outbox.id")
-    assert ") UPDATE outbox SET claimed_by=" in sql
+    assert "claimed AS (UPDATE outbox SET claimed_by=" in sql
+    assert sql.endswith("FROM claimed ORDER BY claimed.staged_at, claimed.id")
     assert "claimed_at=now()" in sql
     assert "FOR UPDATE SKIP LOCKED" in sql
     assert "ORDER BY outbox.staged_at, outbox.id" in sql
@@ -43,8 +42,7 @@ def test_every_update_after_the_claim_is_fenced() -> None:
 
 def test_message_fields_match_the_message_dataclass() -> None:
     """A claimed row maps positionally onto OutboxMessage."""
-    expected = tuple(f.name for f in fields(OutboxMessage))
-    assert expected == queries.MESSAGE_FIELDS
+    assert OutboxMessage._fields == queries.MESSAGE_FIELDS
 
 
 def test_claim_holds_back_a_transaction_whose_earlier_row_is_elsewhere() -> None:

@@ -1,0 +1,1 @@
+"""sqla-outbox's benchmark suite: ``python -m benchmarks`` (see ``docs/performance.md``)."""

@@ -1,0 +1,128 @@
+"""Workloads 1 and 2: what ``outbox.enqueue`` costs a committing web request.
+
+Every arm is one transaction in a new ``Session`` from one ``sessionmaker`` (the common
+request-scoped shape), on the same engine, writing one ``bench_orders`` row:
+
+* **ours**: the order + ``outbox.enqueue(session, "send_receipt", {"order_id": n})`` (x1 or x10).
+  The library validates the call, mints a UUIDv7, stages the message, and inserts at commit.
+* **hand-written**: the order + ``session.execute(insert(OutboxRow.__table__), rows)`` with the
+  very same row dicts (same columns, same value kinds, a UUIDv7 id; one dict, or a list of ten,
+  i.e. one ``executemany``). This is what a competent developer writes without the library: same
+  table, same column types binding the values, same driver, same round trips. It skips only what
+  the library adds: validation, the staging bookkeeping and its session event hooks.
+* **business only** (workload 1): the order alone; the price of the outbox in any form.
+
+Rates are committed transactions per second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Callable
+
+import sqla_outbox as outbox
+from benchmarks.harness import (
+    OUTBOX_INSERT,
+    BenchOrder,
+    Context,
+    Result,
+    Target,
+    compare,
+    interleave,
+    outbox_row,
+    run_for,
+)
+
+__all__ = ["run_batch", "run_single"]
+
+JOB = "send_receipt"
+_ORDER_IDS = itertools.count(1)
+"""Order keys, unique across every arm and workload of a run."""
+
+
+def _arms(ctx: Context, messages: int) -> dict[str, Callable[[], None]]:
+    """One-transaction operations: ours, hand-written, business only. Keys are display names."""
+    sessions = ctx.sessions
+    counter = _ORDER_IDS
+
+    def ours() -> None:
+        n = next(counter)
+        with sessions() as session:
+            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
+            for _ in range(messages):
+                outbox.enqueue(session, JOB, {"order_id": n})
+            session.commit()
+
+    def hand_written() -> None:
+        n = next(counter)
+        with sessions() as session:
+            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
+            now = dt.datetime.now(dt.timezone.utc)
+            rows = [outbox_row(JOB, {"order_id": n}, now) for _ in range(messages)]
+            session.execute(OUTBOX_INSERT, rows[0] if messages == 1 else rows)
+            session.commit()
+
+    def business_only() -> None:
+        n = next(counter)
+        with sessions() as session:
+            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
+            session.commit()
+
+    return {"ours": ours, "hand-written": hand_written, "business only": business_only}
+
+
+def _measure(ctx: Context, arms: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
+    ctx.clear_tables()
+    seconds = ctx.scale.seconds
+    for operation in arms.values():  # warm the pool, statement caches and mapper configuration
+        run_for(operation, min(0.3, seconds))
+    timed = {name: _timed(operation, seconds) for name, operation in arms.items()}
+    return interleave(timed, ctx.scale.rounds)
+
+
+def _timed(operation: Callable[[], None], seconds: float) -> Callable[[], float]:
+    return lambda: run_for(operation, seconds)
+
+
+def run_single(ctx: Context) -> list[Result]:
+    """Workload 1: one message per transaction, against hand-written and business-only."""
+    arms = _arms(ctx, messages=1)
+    ctx.log("enqueue x1: ours / hand-written / business only, interleaved")
+    samples = _measure(ctx, arms)
+    return [
+        compare(
+            "enqueue 1 msg vs hand-written INSERT",
+            "tx/s",
+            samples,
+            "ours",
+            "hand-written",
+            Target("ratio", ">=", 0.9),
+        ),
+        compare(
+            "enqueue 1 msg vs business row only",
+            "tx/s",
+            samples,
+            "ours",
+            "business only",
+            Target("ratio", ">=", 0.75),
+        ),
+    ]
+
+
+def run_batch(ctx: Context) -> list[Result]:
+    """Workload 2: ten messages per transaction, against one hand-written executemany of ten."""
+    arms = _arms(ctx, messages=10)
+    del arms["business only"]
+    ctx.log("enqueue x10: ours / hand-written executemany, interleaved")
+    samples = _measure(ctx, arms)
+    return [
+        compare(
+            "enqueue 10 msgs vs hand-written executemany",
+            "tx/s",
+            samples,
+            "ours",
+            "hand-written",
+            Target("ratio", ">=", 0.85),
+        )
+    ]
