@@ -37,13 +37,22 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["TABLE_NAME", "OutboxRow", "UTCDateTime", "metadata"]
+__all__ = ["TABLE_NAME", "OutboxRow", "UTCDateTime", "as_utc", "metadata"]
 
 #: The outbox table's name; every statement reaches it through ``OutboxRow.__table__``.
 TABLE_NAME = "outbox"
 
 metadata = MetaData()
 """The ``MetaData`` holding the outbox table and nothing else."""
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` with ``timezone.utc``; a naive value (SQLite's) is taken to be UTC already."""
+    if value.tzinfo is dt.timezone.utc:
+        return value  # the common case: nothing to do
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -74,11 +83,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     def process_result_value(
         self, value: dt.datetime | None, dialect: Dialect
     ) -> dt.datetime | None:
-        if value is None or value.tzinfo is dt.timezone.utc:
-            return value  # the common case on PostgreSQL with a UTC session: nothing to do
-        if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+        return None if value is None else as_utc(value)
 
 
 _JSON = JSON().with_variant(JSONB(), "postgresql")

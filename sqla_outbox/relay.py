@@ -51,6 +51,7 @@ from sqla_outbox.errors import ConfigurationError, PublishError
 from sqla_outbox.listener import NotificationListener, can_listen
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage
+from sqla_outbox.model import as_utc
 from sqla_outbox.notify import subscribe, unsubscribe
 from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
 from sqla_outbox.schema_errors import missing_table_error, raise_if_missing_table
@@ -90,15 +91,11 @@ class PassResult:
         )
 
 
-def _utc(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo is dt.timezone.utc else value.astimezone(dt.timezone.utc)
-
-
 def _from_driver_row(row: Any) -> OutboxMessage:
     """A message from a claim row as psycopg returns it (timestamps normalised to UTC)."""
     return OutboxMessage(
         row[0], row[1], row[2], row[3], row[4], row[5],
-        _utc(row[6]), _utc(row[7]), row[8], row[9], row[10],
+        as_utc(row[6]), as_utc(row[7]), row[8], row[9], row[10],
     )  # fmt: skip
 
 
@@ -274,10 +271,12 @@ class Relay:
         with self._transaction(statements=1) as conn:
             rows = self._execute(conn, self._claim, params).all()
         if self._precompiled:
-            return [_from_driver_row(row) for row in rows]  # already in claim order
-        messages = [OutboxMessage._make(row) for row in rows]
-        # UUID.int compares natively; UUID objects compare through Python-level methods.
-        messages.sort(key=lambda m: (m.staged_at, m.id.int))
+            messages = [_from_driver_row(row) for row in rows]
+        else:
+            messages = [OutboxMessage._make(row) for row in rows]
+        if self._dialect != "postgresql":  # PostgreSQL's claim returns them in claim order
+            # UUID.int compares natively; UUID objects compare through Python-level methods.
+            messages.sort(key=lambda m: (m.staged_at, m.id.int))
         return messages
 
     def _execute(
