@@ -21,7 +21,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    exists,
     func,
     insert,
     null,
@@ -127,11 +126,14 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
     relay runs this under ``BEGIN IMMEDIATE``, the database-wide write lock.
 
     Enqueue order inside a transaction must hold across relays too, and ``SKIP LOCKED`` alone
-    would split a transaction's rows (its ``staged_at`` group) between two concurrent claims, so
-    the second relay could publish row 3 while the first is still on row 2. So a group is left
-    out of this claim when an earlier due row of the group is unpublished and not in it (held by
-    another claim, or handed back after a failure): the group waits until that row is published.
-    One index probe per group, on the group's first candidate (``row_number() = 1``).
+    would split a transaction's rows (its ``staged_at`` group) between two claims: the second
+    relay could publish row 3 while the first is still on row 2. Worse, two claims scanning at
+    the same instant each skip the rows the other has just locked, so a claim's candidates can
+    have holes in the middle of a group. So a group is claimed only when its candidates are
+    every due, unpublished row of the group up to its last candidate; otherwise (a row held by
+    another claim, handed back after a failure, or locked for an instant by a concurrent claim)
+    the whole group waits for a later claim. One counting index scan per group, on the group's
+    last candidate.
 
     RETURNING order is not guaranteed. On PostgreSQL the UPDATE is wrapped in a data-modifying
     CTE and the outer SELECT returns the rows in claim order; on SQLite the caller sorts them.
@@ -154,22 +156,26 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         .cte("candidates")
     )
     # Window functions cannot share a SELECT with FOR UPDATE, hence a second CTE.
+    in_group = {"partition_by": candidates.c.staged_at}
     ranked = select(
         candidates.c.id,
         candidates.c.staged_at,
-        func.row_number()
-        .over(partition_by=candidates.c.staged_at, order_by=candidates.c.id)
-        .label("position"),
+        func.row_number().over(**in_group, order_by=candidates.c.id).label("position"),
+        func.count().over(**in_group).label("size"),
     ).cte("ranked")
-    earlier = outbox_table.alias("earlier")
+    group_row = outbox_table.alias("group_row")
+    due_up_to_last = (
+        select(func.count())
+        .where(
+            group_row.c.staged_at == ranked.c.staged_at,
+            group_row.c.id <= ranked.c.id,
+            group_row.c.published_at.is_(None),
+            group_row.c.run_at <= now,
+        )
+        .scalar_subquery()
+    )
     held_back_groups = select(ranked.c.staged_at).where(
-        ranked.c.position == 1,
-        exists().where(
-            earlier.c.staged_at == ranked.c.staged_at,
-            earlier.c.id < ranked.c.id,
-            earlier.c.published_at.is_(None),
-            earlier.c.run_at <= now,
-        ),
+        ranked.c.position == ranked.c.size, due_up_to_last != ranked.c.size
     )
     claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back_groups))
     claim = (

@@ -476,6 +476,29 @@ def test_a_transactions_rows_are_never_split_across_concurrent_claims(
     assert [m.id for m in b_gate.published] == other + ids[5:]
 
 
+def test_a_row_locked_mid_claim_holds_back_its_whole_transaction(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A row another claim has locked for an instant is a gap, not a row to step over.
+
+    Two claims can scan the same rows at once: ``SKIP LOCKED`` then hands each one the rows
+    the other has not locked yet, so relay A may get rows 0 and 2-9 of a transaction while
+    relay B's statement holds row 1 for the instant before it gives up. Were A to publish
+    2-9, row 1 would go out last. The row lock of a concurrent claim is reproduced here by
+    a transaction that holds it open.
+    """
+    ids = stage(pg_engine, 10)
+    other = stage(pg_engine, 3, job="other-transaction")
+    gate = Gate()
+    relay = make_relay(pg_engine, gate)
+    with pg_engine.connect() as holder:
+        holder.execute(select(Row.id).where(Row.id == ids[1]).with_for_update())
+        assert relay.tick() == 3  # the other transaction only
+        holder.rollback()
+    assert relay.tick() == 10
+    assert [m.id for m in gate.published] == other + ids
+
+
 def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(
     engine: Engine, make_relay: MakeRelay
 ) -> None:

@@ -45,8 +45,11 @@ def test_message_fields_match_the_message_dataclass() -> None:
     assert OutboxMessage._fields == queries.MESSAGE_FIELDS
 
 
-def test_claim_holds_back_a_transaction_whose_earlier_row_is_elsewhere() -> None:
-    """A staged_at group is skipped when an earlier due row of it is unpublished elsewhere."""
+def test_claim_holds_back_a_transaction_whose_candidates_are_not_all_its_due_rows() -> None:
+    """A staged_at group is claimed only if its candidates are every due unpublished row of it
+    up to the last one: counted once per group, on the group's last candidate."""
     sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
     assert "row_number() OVER (PARTITION BY candidates.staged_at ORDER BY candidates.id)" in sql
-    assert "earlier.staged_at = ranked.staged_at AND earlier.id < ranked.id" in sql
+    assert "count(*) OVER (PARTITION BY candidates.staged_at) AS size" in sql
+    assert "WHERE ranked.position = ranked.size AND (SELECT count(*)" in sql
+    assert "group_row.staged_at = ranked.staged_at AND group_row.id <= ranked.id" in sql
