@@ -156,12 +156,12 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         .cte("candidates")
     )
     # Window functions cannot share a SELECT with FOR UPDATE, hence a second CTE.
-    in_group = {"partition_by": candidates.c.staged_at}
+    group = candidates.c.staged_at
     ranked = select(
         candidates.c.id,
         candidates.c.staged_at,
-        func.row_number().over(**in_group, order_by=candidates.c.id).label("position"),
-        func.count().over(**in_group).label("size"),
+        func.row_number().over(partition_by=group, order_by=candidates.c.id).label("position"),
+        func.count().over(partition_by=group).label("size"),
     ).cte("ranked")
     group_row = outbox_table.alias("group_row")
     due_up_to_last = (
