@@ -170,9 +170,15 @@ def fresh_pool(engine: Engine, connections: int = 1) -> None:
 
 
 def recreate_database(url: URL) -> None:
-    """Drop ``url``'s database if it exists and create it empty, with the outbox and orders."""
+    """Drop ``url``'s database if it exists and create it empty, with the outbox and orders.
+
+    Its sessions default to ``TimeZone = 'UTC'``, for every arm alike: the setting the console
+    script's relay runs with (:func:`sqla_outbox.engines.use_utc_sessions`), under which psycopg
+    returns ``timezone.utc`` datetimes that the relay need not convert.
+    """
     _admin(url, f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)')
     _admin(url, f'CREATE DATABASE "{url.database}"')
+    _admin(url, f"ALTER DATABASE \"{url.database}\" SET TimeZone = 'UTC'")
     engine = make_engine(url)
     try:
         outbox.metadata.create_all(engine)
@@ -201,6 +207,7 @@ def server_facts(conninfo: str) -> dict[str, str]:
         "autovacuum",
         "jit",
         "wal_sync_method",
+        "TimeZone",
     )
     with psycopg.connect(conninfo, autocommit=True) as conn:
         facts = {"server_version": str(conn.execute("SHOW server_version").fetchone()[0])}  # type: ignore[index]

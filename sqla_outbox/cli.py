@@ -447,7 +447,7 @@ def _refuse_missing_sqlite_file(url: URL) -> None:
 
 def _engine(ctx: click.Context, url: URL) -> Engine:
     try:
-        return create_engine(url)
+        return create_engine(url, utc=True)
     except ArgumentError as error:
         raise click.UsageError(
             f"--url {hide_password(url)!r} is not a usable database URL ({error}). Pass e.g. "

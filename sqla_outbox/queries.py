@@ -19,10 +19,12 @@ from sqlalchemy import (
     Text,
     Update,
     and_,
+    any_,
     bindparam,
     case,
     func,
     insert,
+    literal_column,
     null,
     or_,
     select,
@@ -130,10 +132,9 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
     relay could publish row 3 while the first is still on row 2. Worse, two claims scanning at
     the same instant each skip the rows the other has just locked, so a claim's candidates can
     have holes in the middle of a group. So a group is claimed only when its candidates are
-    every due, unpublished row of the group up to its last candidate; otherwise (a row held by
-    another claim, handed back after a failure, or locked for an instant by a concurrent claim)
-    the whole group waits for a later claim. One counting index scan per group, on the group's
-    last candidate.
+    every due, unpublished row of the group up to the claim's last candidate; otherwise (a row
+    held by another claim, handed back after a failure, or locked for an instant by a concurrent
+    claim) the whole group waits for a later claim. One counting index scan per group.
 
     RETURNING order is not guaranteed. On PostgreSQL the UPDATE is wrapped in a data-modifying
     CTE and the outer SELECT returns the rows in claim order; on SQLite the caller sorts them.
@@ -155,32 +156,41 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         .with_for_update(skip_locked=True)
         .cte("candidates")
     )
-    # Window functions cannot share a SELECT with FOR UPDATE, hence a second CTE.
-    group = candidates.c.staged_at
-    ranked = select(
-        candidates.c.id,
-        candidates.c.staged_at,
-        func.row_number().over(partition_by=group, order_by=candidates.c.id).label("position"),
-        func.count().over(partition_by=group).label("size"),
-    ).cte("ranked")
+    # The claim's last row in claim order; every group is checked up to it.
+    last = (
+        select(candidates.c.staged_at, candidates.c.id)
+        .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
+        .limit(literal_column("1"))
+        .cte("claim_end")
+    )
+    groups = (
+        select(candidates.c.staged_at, func.count().label("size"))
+        .group_by(candidates.c.staged_at)
+        .cte("groups")
+    )
     group_row = outbox_table.alias("group_row")
     due_up_to_last = (
         select(func.count())
         .where(
-            group_row.c.staged_at == ranked.c.staged_at,
-            group_row.c.id <= ranked.c.id,
+            group_row.c.staged_at == groups.c.staged_at,
+            tuple_(group_row.c.staged_at, group_row.c.id)
+            <= select(last.c.staged_at, last.c.id).scalar_subquery(),
             group_row.c.published_at.is_(None),
             group_row.c.run_at <= now,
         )
         .scalar_subquery()
     )
-    held_back_groups = select(ranked.c.staged_at).where(
-        ranked.c.position == ranked.c.size, due_up_to_last != ranked.c.size
-    )
-    claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back_groups))
+    held_back = select(groups.c.staged_at).where(due_up_to_last != groups.c.size)
+    claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back))
+    if dialect == "postgresql":
+        # ``= ANY(ARRAY(...))`` probes the primary key once per row; with ``IN (...)`` the planner
+        # may hash the ids and scan the whole table once the batch is large.
+        claimed_ids = outbox_table.c.id == any_(func.array(claimable.scalar_subquery()))
+    else:
+        claimed_ids = outbox_table.c.id.in_(claimable)
     claim = (
         update(outbox_table)
-        .where(outbox_table.c.id.in_(claimable))
+        .where(claimed_ids)
         .values(claimed_by=bindparam("token"), claimed_at=now)
         .returning(*_MESSAGE_COLUMNS)
     )

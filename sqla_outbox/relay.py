@@ -91,6 +91,9 @@ class PassResult:
         )
 
 
+_STAGED_AT = queries.MESSAGE_FIELDS.index("staged_at")
+
+
 def _from_driver_row(row: Any) -> OutboxMessage:
     """A message from a claim row as psycopg returns it (timestamps normalised to UTC)."""
     return OutboxMessage(
@@ -119,7 +122,7 @@ def _relay_engine(bind: Engine | str | URL) -> Engine:
         bind = url
     if isinstance(bind, (str, URL)):
         try:
-            return create_engine(bind, immediate=True)
+            return create_engine(bind, immediate=True, utc=True)
         except (sa.exc.ArgumentError, ValueError) as error:
             raise ConfigurationError(
                 f"bind {hide_password(bind)!r} is not a usable database URL ({error}). "
@@ -202,7 +205,6 @@ class Relay:
         if self._dialect == "postgresql" and self.engine.dialect.driver == "psycopg":
             for statement in (self._claim, self._mark, self._release):
                 compiled = statement.compile(dialect=self.engine.dialect)
-                # compiled.params also holds constants such as the claim's "position = 1".
                 self._precompiled[id(statement)] = (str(compiled), dict(compiled.params))
 
     def __repr__(self) -> str:
@@ -270,10 +272,12 @@ class Relay:
         params = self._params(limit=self.batch_size, lease=self.claim_lease, token=token)
         with self._transaction(statements=1) as conn:
             rows = self._execute(conn, self._claim, params).all()
-        if self._precompiled:
+        if self._precompiled and rows and rows[0][_STAGED_AT].tzinfo is not dt.timezone.utc:
+            # psycopg's values carry the session's zone; in a UTC session (use_utc_sessions)
+            # they are timezone.utc already and the rows are the messages as they are.
             messages = [_from_driver_row(row) for row in rows]
         else:
-            messages = [OutboxMessage._make(row) for row in rows]
+            messages = list(map(OutboxMessage._make, rows))
         if self._dialect != "postgresql":  # PostgreSQL's claim returns them in claim order
             # UUID.int compares natively; UUID objects compare through Python-level methods.
             messages.sort(key=lambda m: (m.staged_at, m.id.int))

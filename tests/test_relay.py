@@ -15,11 +15,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
-from sqlalchemy import Engine, event, select, text, update
+from sqlalchemy import URL, Engine, event, select, text, update
 from sqlalchemy.orm import Session
 from support import MakeRelay
 
 import sqla_outbox as outbox
+from sqla_outbox.engines import create_engine
 from sqla_outbox.message import OutboxMessage
 
 Row = outbox.OutboxRow
@@ -497,6 +498,30 @@ def test_a_row_locked_mid_claim_holds_back_its_whole_transaction(
         holder.rollback()
     assert relay.tick() == 10
     assert [m.id for m in gate.published] == other + ids
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
+def test_messages_carry_utc_datetimes_whatever_the_session_zone(
+    pg_url: URL, pg_engine: Engine, make_relay: MakeRelay, zone: str
+) -> None:
+    """A relay in a UTC session takes psycopg's values as they are; in any other zone it
+    converts them. Either way the publisher gets the same instants, in ``timezone.utc``."""
+    run_at = dt.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
+    with Session(pg_engine) as session:
+        staged = outbox.enqueue(session, "job", {}, run_at=run_at)
+        session.commit()
+    zoned = create_engine(pg_url, connect_args={"options": f"-c TimeZone={zone}"})
+    try:
+        with zoned.connect() as conn:
+            assert conn.exec_driver_sql("SHOW TimeZone").scalar() == zone
+        gate = Gate()
+        assert make_relay(zoned, gate).tick() == 1
+    finally:
+        zoned.dispose()
+    [message] = gate.published
+    assert message.run_at == run_at and message.staged_at == staged.staged_at
+    assert message.run_at.tzinfo is dt.timezone.utc
+    assert message.staged_at.tzinfo is dt.timezone.utc
 
 
 def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(

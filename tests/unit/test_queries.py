@@ -47,9 +47,18 @@ def test_message_fields_match_the_message_dataclass() -> None:
 
 def test_claim_holds_back_a_transaction_whose_candidates_are_not_all_its_due_rows() -> None:
     """A staged_at group is claimed only if its candidates are every due unpublished row of it
-    up to the last one: counted once per group, on the group's last candidate."""
+    up to the claim's last row: one count per group, against the group's candidate count."""
     sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
-    assert "row_number() OVER (PARTITION BY candidates.staged_at ORDER BY candidates.id)" in sql
-    assert "count(*) OVER (PARTITION BY candidates.staged_at) AS size" in sql
-    assert "WHERE ranked.position = ranked.size AND (SELECT count(*)" in sql
-    assert "group_row.staged_at = ranked.staged_at AND group_row.id <= ranked.id" in sql
+    assert "count(*) AS size FROM candidates GROUP BY candidates.staged_at" in sql
+    assert "ORDER BY candidates.staged_at DESC, candidates.id DESC LIMIT" in sql
+    assert (
+        "WHERE group_row.staged_at = groups.staged_at AND (group_row.staged_at, group_row.id)"
+        " <= (SELECT claim_end.staged_at, claim_end.id FROM claim_end)"
+    ) in sql
+    assert "!= groups.size" in sql
+
+
+def test_postgresql_claim_probes_the_primary_key_for_each_claimed_row() -> None:
+    """``= ANY(ARRAY(...))``, not ``IN (...)``, so a large batch cannot turn into a table scan."""
+    sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
+    assert "WHERE outbox.id = ANY (array((SELECT candidates.id" in sql
