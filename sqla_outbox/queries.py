@@ -121,11 +121,12 @@ def _unpublished() -> ColumnElement[bool]:
 def claim_stmt(dialect: str) -> Update | Select[Any]:
     """Lease up to ``:limit`` due, unpublished, unclaimed-or-lapsed rows, in claim order.
 
-    One statement locks and stamps: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
-    LOCKED)``. A SELECT that only locked would release its locks when its autocommit statement
-    ended, and two relays polling a moment apart would both take the same rows. ``SKIP LOCKED``
-    keeps concurrent relays from queueing behind each other. SQLite has no row locks; there the
-    relay runs this under ``BEGIN IMMEDIATE``, the database-wide write lock.
+    One statement locks and stamps: ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE
+    SKIP LOCKED))`` (``IN`` on SQLite). A SELECT that only locked would release its locks when
+    its autocommit statement ended, and two relays polling a moment apart would both take the
+    same rows. ``SKIP LOCKED`` keeps concurrent relays from queueing behind each other. SQLite
+    has no row locks; there the relay runs this under ``BEGIN IMMEDIATE``, the database-wide
+    write lock.
 
     Enqueue order inside a transaction must hold across relays too, and ``SKIP LOCKED`` alone
     would split a transaction's rows (its ``staged_at`` group) between two claims: the second
