@@ -158,7 +158,7 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         .cte("candidates")
     )
     # The claim's last row in claim order; every group is checked up to it.
-    last = (
+    claim_end = (
         select(candidates.c.staged_at, candidates.c.id)
         .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
         .limit(literal_column("1"))
@@ -175,7 +175,7 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         .where(
             group_row.c.staged_at == groups.c.staged_at,
             tuple_(group_row.c.staged_at, group_row.c.id)
-            <= select(last.c.staged_at, last.c.id).scalar_subquery(),
+            <= select(claim_end.c.staged_at, claim_end.c.id).scalar_subquery(),
             group_row.c.published_at.is_(None),
             group_row.c.run_at <= now,
         )
