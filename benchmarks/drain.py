@@ -18,7 +18,8 @@ Workload 3, per batch size, three arms:
   timestamps): the database's own limit for an at-least-once relay. It lacks the library's
   per-transaction ordering guard across concurrent relays, which is part of what is priced.
 * **library SQL, no Python** (informative): the same psycopg loop sending the relay's exact
-  statements (compiled from :mod:`sqla_outbox.queries`). It splits the gap between the other two:
+  statements (compiled from :mod:`sqla_outbox.queries`: a claim, then each pass's mark inside
+  the next claim, as ``Relay.drain()`` does). It splits the gap between the other two:
   ``raw SQL -> library SQL`` is what the library's claim costs in the database,
   ``library SQL -> ours`` is SQLAlchemy and Python per row and per pass.
 
@@ -140,41 +141,46 @@ def _drain_raw(ctx: Context, batch_size: int) -> tuple[int, float]:
         return published, time.perf_counter() - start
 
 
-def _library_sql(ctx: Context) -> tuple[str, dict[str, Any], str]:
-    """The relay's claim and mark compiled for psycopg, with the claim's literal parameters."""
+def _library_sql(ctx: Context) -> tuple[str, str, dict[str, Any]]:
+    """The relay's claim and mark-and-claim, compiled for psycopg, and their literal parameters."""
     dialect = ctx.engine.dialect
     claim = queries.claim_stmt(dialect.name).compile(dialect=dialect)
-    mark = queries.mark_published_stmt(dialect.name).compile(dialect=dialect)
-    return str(claim), dict(claim.params), str(mark)
+    merged = queries.mark_and_claim_stmt().compile(dialect=dialect)
+    return str(claim), str(merged), {**claim.params, **merged.params}
 
 
 def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
-    """The relay's exact statements from a bare psycopg loop: the library's SQL, minus Python."""
-    claim_sql, claim_params, mark_sql = _library_sql(ctx)
+    """The relay's exact statements from a bare psycopg loop: the library's SQL, minus Python.
+
+    As ``Relay.drain()`` sends them: a claim, then each pass's mark inside the next claim (the
+    ``marked`` count first, then the message columns), until a claim comes back empty.
+    """
+    claim_sql, merged_sql, constants = _library_sql(ctx)
     lease = dt.timedelta(seconds=30)
     with ctx.raw() as conn:
         published = 0
+        previous: dict[str, Any] = {}
         start = time.perf_counter()
         while True:
             token = f"lib:{secrets.token_hex(8)}"
-            params = {**claim_params, "limit": batch_size, "lease": lease, "token": token}
-            rows = conn.execute(claim_sql.encode(), params).fetchall()
+            params = {**constants, **previous, "limit": batch_size, "lease": lease, "token": token}
+            if previous:
+                rows = conn.execute(merged_sql.encode(), params).fetchall()
+                rows = [row[1:] for row in rows] if rows[0][1] is not None else []
+            else:
+                rows = conn.execute(claim_sql.encode(), params).fetchall()
             for row in rows:
                 _noop(row)
-            if rows:
-                first = min(rows, key=lambda r: (r[7], r[0]))  # (staged_at, id)
-                last = max(rows, key=lambda r: (r[7], r[0]))
-                mark = {
-                    "token": token,
-                    "first_staged_at": first[7],
-                    "first_id": first[0],
-                    "last_staged_at": last[7],
-                    "last_id": last[0],
-                }
-                conn.execute(mark_sql.encode(), mark)
-            published += len(rows)
-            if len(rows) < batch_size:
+            if not rows:
                 break
+            published += len(rows)
+            previous = {
+                "previous_token": token,
+                "previous_first_staged_at": rows[0][7],  # rows come in claim order
+                "previous_first_id": rows[0][0],
+                "previous_last_staged_at": rows[-1][7],
+                "previous_last_id": rows[-1][0],
+            }
         return published, time.perf_counter() - start
 
 

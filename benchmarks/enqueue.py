@@ -11,6 +11,11 @@ request-scoped shape), on the same engine, writing one ``bench_orders`` row:
   table, same column types binding the values, same driver, same round trips. It skips only what
   the library adds: validation, the staging bookkeeping and its session event hooks.
 * **business only** (workload 1): the order alone; the price of the outbox in any form.
+* **raw SQL limit** (workload 1, informative): the same two transactions, order alone and order
+  plus the same outbox row, from a bare psycopg connection with no SQLAlchemy on either side.
+  Their ratio is what one more row in the transaction costs the database itself (a round trip,
+  a heap insert, two index insertions), which bounds the "vs business row only" ratio: the ORM's
+  own per-transaction cost only dilutes it.
 
 Rates are committed transactions per second.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from collections.abc import Callable
+
+from psycopg.types.json import Jsonb
 
 import sqla_outbox as outbox
 from benchmarks.harness import (
@@ -72,6 +79,36 @@ def _arms(ctx: Context, messages: int) -> dict[str, Callable[[], None]]:
     return {"ours": ours, "hand-written": hand_written, "business only": business_only}
 
 
+_ANY_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)  # only the row's keys are used
+_RAW_ORDER = "INSERT INTO bench_orders (id, customer, total_cents) VALUES (%s, %s, %s)"
+
+
+def _raw_arms(ctx: Context) -> tuple[dict[str, Callable[[], None]], Callable[[], None]]:
+    """Business only / business + outbox row, on one bare psycopg connection; and its close."""
+    conn = ctx.raw(autocommit=False)
+    compiled = OUTBOX_INSERT.compile(
+        dialect=ctx.engine.dialect, column_keys=list(outbox_row(JOB, {}, _ANY_TIME))
+    )
+    outbox_sql = str(compiled).encode()
+    order_sql = _RAW_ORDER.encode()
+    counter = _ORDER_IDS
+
+    def raw_business() -> None:
+        n = next(counter)
+        conn.execute(order_sql, (n, "customer", n))
+        conn.commit()
+
+    def raw_with_outbox() -> None:
+        n = next(counter)
+        conn.execute(order_sql, (n, "customer", n))
+        row = outbox_row(JOB, Jsonb({"order_id": n}), dt.datetime.now(dt.timezone.utc))
+        conn.execute(outbox_sql, row)
+        conn.commit()
+
+    arms = {"raw: business + outbox row": raw_with_outbox, "raw: business only": raw_business}
+    return arms, conn.close
+
+
 def _measure(ctx: Context, arms: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
     ctx.clear_tables()
     seconds = ctx.scale.seconds
@@ -87,9 +124,13 @@ def _timed(operation: Callable[[], None], seconds: float) -> Callable[[], float]
 
 def run_single(ctx: Context) -> list[Result]:
     """Workload 1: one message per transaction, against hand-written and business-only."""
-    arms = _arms(ctx, messages=1)
-    ctx.log("enqueue x1: ours / hand-written / business only, interleaved")
-    samples = _measure(ctx, arms)
+    raw_arms, close_raw = _raw_arms(ctx)
+    arms = {**_arms(ctx, messages=1), **raw_arms}
+    ctx.log("enqueue x1: ours / hand-written / business only / raw-SQL pair, interleaved")
+    try:
+        samples = _measure(ctx, arms)
+    finally:
+        close_raw()
     return [
         compare(
             "enqueue 1 msg vs hand-written INSERT",
@@ -106,6 +147,13 @@ def run_single(ctx: Context) -> list[Result]:
             "ours",
             "business only",
             Target("ratio", ">=", 0.75),
+        ),
+        compare(
+            "enqueue 1 msg, raw SQL limit: +outbox row vs business only",
+            "tx/s",
+            samples,
+            "raw: business + outbox row",
+            "raw: business only",
         ),
     ]
 

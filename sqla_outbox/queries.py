@@ -28,6 +28,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    true,
     tuple_,
     update,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "MESSAGE_FIELDS",
     "claim_stmt",
     "claims_stmt",
+    "mark_and_claim_stmt",
     "mark_published_stmt",
     "pending_stmt",
     "release_stmt",
@@ -58,23 +60,12 @@ def stage_stmt() -> Insert:
 
 
 def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
-    """Parameter rows for :func:`stage_stmt`, one per message, in the messages' order."""
-    return [
-        {
-            "id": m.id,
-            "job": m.job,
-            "queue": m.queue,
-            "input": m.input,
-            "idempotency_key": m.idempotency_key,
-            "max_attempts": m.max_attempts,
-            "run_at": m.run_at,
-            "staged_at": m.staged_at,
-            "tenant_id": m.tenant_id,
-            "traceparent": m.traceparent,
-            "enqueued_by": m.enqueued_by,
-        }
-        for m in messages
-    ]
+    """Parameter rows for :func:`stage_stmt`, one per message, in the messages' order.
+
+    A message's fields are the table's columns of the same names, so each row is the message
+    as a dict; the rest of the columns (the lease, ``attempts``) take their defaults.
+    """
+    return [message._asdict() for message in messages]
 
 
 # --- the relay's statements --------------------------------------------------------------------
@@ -143,15 +134,69 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
     Parameters: ``limit``, ``token``; ``lease`` (a ``timedelta``) on PostgreSQL, ``now`` and
     ``cutoff`` (``now - lease``) on SQLite.
     """
+    claim = _claim(dialect, previous_claim=None)
+    if dialect != "postgresql":
+        return claim  # SQLite allows no UPDATE inside WITH; the relay sorts these rows itself
+    claimed = claim.cte("claimed")
+    return select(*claimed.c).order_by(claimed.c.staged_at, claimed.c.id)
+
+
+def mark_and_claim_stmt() -> Select[Any]:
+    """PostgreSQL: mark the previous claim published and take the next one, in one statement.
+
+    A relay working through a backlog publishes a whole claim and claims again at once; sending
+    the previous claim's fenced mark (:func:`mark_published_stmt`, on ``:previous_token`` and the
+    ``:previous_*`` bounds) inside the next claim saves a round trip per pass. The two parts are
+    data-modifying CTEs of one autocommit statement: they commit together, or neither does and
+    the relay still holds the mark to write.
+
+    Both parts see the same snapshot, in which the rows being marked still look unpublished. So
+    the claim skips rows stamped ``:previous_token`` (a lease that lapsed would otherwise make
+    them candidates, and one statement must not update a row twice), and the ordering guard
+    counts them as published, or a transaction whose first rows ended the previous claim would
+    wait a pass while the rest of the backlog overtook it.
+
+    The first column, ``marked``, is how many rows the mark touched; the message columns follow.
+    There is always at least one row: when nothing was claimed, one with the message columns
+    NULL. Parameters: those of :func:`claim_stmt` on PostgreSQL, plus ``previous_token``,
+    ``previous_first_staged_at``, ``previous_first_id``, ``previous_last_staged_at`` and
+    ``previous_last_id``.
+    """
+    previous = "previous_"
+    marked = (
+        update(outbox_table)
+        .where(_fenced(f"{previous}token"), _claim_slice(previous))
+        .values(published_at=_now("postgresql"))
+        .returning(outbox_table.c.id)
+        .cte("marked")
+    )
+    marked_count = select(func.count().label("marked")).select_from(marked).subquery("marks")
+    claimed = _claim("postgresql", previous_claim=bindparam(f"{previous}token")).cte("claimed")
+    return (
+        select(marked_count.c.marked, *claimed.c)
+        .select_from(marked_count.outerjoin(claimed, true()))
+        .order_by(claimed.c.staged_at, claimed.c.id)
+    )
+
+
+def _claim(dialect: str, previous_claim: ColumnElement[str] | None) -> Update:
+    """The claim's ``UPDATE ... RETURNING``, for :func:`claim_stmt` and its callers.
+
+    ``previous_claim`` is the token of a claim marked published in the same statement (see
+    :func:`mark_and_claim_stmt`), whose rows the claim must neither take nor wait for.
+    """
     now = _now(dialect)
     lapsed = outbox_table.c.claimed_at < _lease_cutoff(dialect)
+    eligible = [
+        _unpublished(),
+        outbox_table.c.run_at <= now,
+        or_(outbox_table.c.claimed_at.is_(None), lapsed),
+    ]
+    if previous_claim is not None:
+        eligible.append(outbox_table.c.claimed_by.is_distinct_from(previous_claim))
     candidates = (
         select(outbox_table.c.id, outbox_table.c.staged_at)
-        .where(
-            _unpublished(),
-            outbox_table.c.run_at <= now,
-            or_(outbox_table.c.claimed_at.is_(None), lapsed),
-        )
+        .where(*eligible)
         .order_by(outbox_table.c.staged_at, outbox_table.c.id)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
@@ -170,17 +215,16 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         .cte("groups")
     )
     group_row = outbox_table.alias("group_row")
-    due_up_to_last = (
-        select(func.count())
-        .where(
-            group_row.c.staged_at == groups.c.staged_at,
-            tuple_(group_row.c.staged_at, group_row.c.id)
-            <= select(claim_end.c.staged_at, claim_end.c.id).scalar_subquery(),
-            group_row.c.published_at.is_(None),
-            group_row.c.run_at <= now,
-        )
-        .scalar_subquery()
-    )
+    due = [
+        group_row.c.staged_at == groups.c.staged_at,
+        tuple_(group_row.c.staged_at, group_row.c.id)
+        <= select(claim_end.c.staged_at, claim_end.c.id).scalar_subquery(),
+        group_row.c.published_at.is_(None),
+        group_row.c.run_at <= now,
+    ]
+    if previous_claim is not None:
+        due.append(group_row.c.claimed_by.is_distinct_from(previous_claim))
+    due_up_to_last = select(func.count()).where(*due).scalar_subquery()
     held_back = select(groups.c.staged_at).where(due_up_to_last != groups.c.size)
     claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back))
     if dialect == "postgresql":
@@ -189,25 +233,21 @@ def claim_stmt(dialect: str) -> Update | Select[Any]:
         claimed_ids = outbox_table.c.id == any_(func.array(claimable.scalar_subquery()))
     else:
         claimed_ids = outbox_table.c.id.in_(claimable)
-    claim = (
+    return (
         update(outbox_table)
         .where(claimed_ids)
         .values(claimed_by=bindparam("token"), claimed_at=now)
         .returning(*_MESSAGE_COLUMNS)
     )
-    if dialect != "postgresql":
-        return claim  # SQLite allows no UPDATE inside WITH; the relay sorts these rows itself
-    claimed = claim.cte("claimed")
-    return select(*claimed.c).order_by(claimed.c.staged_at, claimed.c.id)
 
 
-def _fenced() -> ColumnElement[bool]:
+def _fenced(token: str = "token") -> ColumnElement[bool]:
     # The fence: only the claim that stamped ``token`` may change these rows. A relay that stalled
     # past its lease finds another claim's token there, and its update touches nothing.
-    return and_(outbox_table.c.claimed_by == bindparam("token"), _unpublished())
+    return and_(outbox_table.c.claimed_by == bindparam(token), _unpublished())
 
 
-def _claim_slice() -> ColumnElement[bool]:
+def _claim_slice(prefix: str = "") -> ColumnElement[bool]:
     # Rows are published in claim order, so "the published ones" and "the rest" are both
     # contiguous slices of the claim in (staged_at, id) order. Bounding the slice on both sides
     # keeps the update on the partial index; a bound on one side only (or the token alone, which
@@ -216,13 +256,13 @@ def _claim_slice() -> ColumnElement[bool]:
     return and_(
         key
         >= tuple_(
-            bindparam("first_staged_at", type_=UTCDateTime()),
-            bindparam("first_id", type_=outbox_table.c.id.type),
+            bindparam(f"{prefix}first_staged_at", type_=UTCDateTime()),
+            bindparam(f"{prefix}first_id", type_=outbox_table.c.id.type),
         ),
         key
         <= tuple_(
-            bindparam("last_staged_at", type_=UTCDateTime()),
-            bindparam("last_id", type_=outbox_table.c.id.type),
+            bindparam(f"{prefix}last_staged_at", type_=UTCDateTime()),
+            bindparam(f"{prefix}last_id", type_=outbox_table.c.id.type),
         ),
     )
 

@@ -13,6 +13,12 @@ A pass is three short transactions with the publishing in between, outside any t
    rest of the claim is handed back at once, recording the error on the row that failed, so the
    rest is claimable immediately rather than after the lease.
 
+A loop working through a backlog (``drain()``, ``start()``, ``run()``) defers the mark of a
+claim it published in full to the claim that follows at once: on PostgreSQL both travel in one
+statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), on SQLite in one transaction. A
+pass is then one round trip plus the publishing. A mark is never left waiting: before the loop
+sleeps, stops, or gives up after an error, it writes the mark on its own.
+
 Every update after the claim is fenced on the claim's token. A relay that stalls past its lease
 (GC pause, stuck broker call) wakes into a world where another relay has reclaimed its rows;
 its late mark or release then matches nothing and is logged as a lost claim, instead of
@@ -34,9 +40,10 @@ import secrets
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from types import FrameType
 from typing import Any
 
@@ -45,7 +52,7 @@ from sqlalchemy import Connection, CursorResult, Engine, Executable
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import queries
+from sqla_outbox import driver_sql, queries
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, PublishError
 from sqla_outbox.listener import NotificationListener, can_listen
@@ -91,7 +98,28 @@ class PassResult:
         )
 
 
-_STAGED_AT = queries.MESSAGE_FIELDS.index("staged_at")
+_MESSAGE_PART = itemgetter(slice(1, None))
+"""A mark-and-claim row without its leading ``marked`` column."""
+
+
+def _messages(_cursor: object) -> Callable[[Sequence[Any]], OutboxMessage]:
+    """psycopg row factory: each claimed row as an :class:`OutboxMessage`."""
+    return OutboxMessage._make
+
+
+def _messages_after_marked(_cursor: object) -> Callable[[Sequence[Any]], OutboxMessage]:
+    """psycopg row factory for a mark-and-claim row: the message after the ``marked`` column."""
+    return lambda values: OutboxMessage._make(values[1:])
+
+
+@dataclass(frozen=True, slots=True)
+class _Unmarked:
+    """A claim published in full whose mark goes out with the next claim."""
+
+    token: str
+    first: OutboxMessage
+    last: OutboxMessage
+    count: int
 
 
 def _from_driver_row(row: Any) -> OutboxMessage:
@@ -102,13 +130,13 @@ def _from_driver_row(row: Any) -> OutboxMessage:
     )  # fmt: skip
 
 
-def _slice(first: OutboxMessage, last: OutboxMessage) -> dict[str, Any]:
+def _slice(first: OutboxMessage, last: OutboxMessage, prefix: str = "") -> dict[str, Any]:
     """Bounds of a contiguous run of a claim, for the fenced mark and release statements."""
     return {
-        "first_staged_at": first.staged_at,
-        "first_id": first.id,
-        "last_staged_at": last.staged_at,
-        "last_id": last.id,
+        f"{prefix}first_staged_at": first.staged_at,
+        f"{prefix}first_id": first.id,
+        f"{prefix}last_staged_at": last.staged_at,
+        f"{prefix}last_id": last.id,
     }
 
 
@@ -184,6 +212,12 @@ class Relay:
         self._claim = queries.claim_stmt(self._dialect)
         self._mark = queries.mark_published_stmt(self._dialect)
         self._release = queries.release_stmt()
+        # PostgreSQL marks a claim inside the next claim's statement; SQLite, which allows no
+        # UPDATE inside WITH, in the next claim's transaction.
+        self._mark_and_claim = (
+            queries.mark_and_claim_stmt() if self._dialect == "postgresql" else None
+        )
+        self._unmarked: _Unmarked | None = None
         self._pass_lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -201,11 +235,12 @@ class Relay:
         # own parameter adaptation and result values (uuid, jsonb -> dict, timestamptz): the
         # claim is the one statement whose rows are many, and SQLAlchemy's per-value processing
         # and per-statement cache lookups were a fifth of a drain's time.
-        self._precompiled: dict[int, tuple[str, dict[str, Any]]] = {}
-        if self._dialect == "postgresql" and self.engine.dialect.driver == "psycopg":
-            for statement in (self._claim, self._mark, self._release):
-                compiled = statement.compile(dialect=self.engine.dialect)
-                self._precompiled[id(statement)] = (str(compiled), dict(compiled.params))
+        self._precompiled: dict[int, driver_sql.Precompiled] = {}
+        if driver_sql.applies(self.engine.dialect, self.engine.get_execution_options()):
+            for statement in (self._claim, self._mark_and_claim, self._mark, self._release):
+                if statement is not None:
+                    compiled = driver_sql.precompile(statement, self.engine.dialect)
+                    self._precompiled[id(statement)] = compiled
 
     def __repr__(self) -> str:
         return f"<Relay {self.relay_id} on {hide_password(self.engine.url)}>"
@@ -241,24 +276,76 @@ class Relay:
         total = PassResult()
         try:
             while not self._stopping.is_set():
-                result = self._pass(interruptible=True)
+                result = self._pass(interruptible=True, defer_mark=True)
                 total += result
                 if result.failed or not result.claimed:
                     break
-        finally:
-            with self._pass_lock:
-                self._drop_held()
+        except BaseException:
+            self._end_passes(quiet=True)  # the error that ended the drain is the one to raise
+            raise
+        self._end_passes(quiet=False)
         return total
 
-    def _pass(self, *, interruptible: bool) -> PassResult:
+    def _pass(self, *, interruptible: bool, defer_mark: bool = False) -> PassResult:
+        """Claim, publish, settle. With ``defer_mark`` the caller claims again straight away,
+        so a claim published in full leaves its mark to ride on that next claim."""
         with self._pass_lock:
             token = f"{self.relay_id}:{secrets.token_hex(8)}"
             messages = self._claim_rows(token)
             if not messages:
                 return PassResult()
             published, failure = self._publish_in_order(messages, interruptible)
-            self._settle(token, messages, published, failure)
+            if defer_mark and failure is None and not self._stopping.is_set():
+                self._unmarked = _Unmarked(token, messages[0], messages[-1], published)
+            else:
+                self._settle(token, messages, published, failure)
             return PassResult(len(messages), published, failure is not None)
+
+    def _end_passes(self, *, quiet: bool) -> None:
+        """Write a deferred mark, if any, and let go of the connection held between passes.
+
+        ``quiet`` logs a failure to write the mark instead of raising it: the loop is ending
+        over another error, or has no caller to raise to. Those rows were published and are
+        published again once their lease lapses (at least once).
+        """
+        with self._pass_lock:
+            try:
+                self._settle_unmarked()
+            except Exception as error:
+                if not quiet:
+                    raise
+                unmarked = self._unmarked
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "relay.mark_failed",
+                    relay=self.relay_id,
+                    claim=unmarked.token if unmarked else None,
+                    rows=unmarked.count if unmarked else 0,
+                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                )
+                self._unmarked = None
+            finally:
+                self._drop_held()
+
+    def _settle_unmarked(self) -> None:
+        unmarked = self._unmarked
+        if unmarked is None:
+            return
+        with self._transaction(statements=1) as conn:
+            marked = self._execute(conn, self._mark, self._mark_params(unmarked)).rowcount
+        self._unmarked = None
+        self._check_marked(unmarked, marked)
+
+    def _mark_params(self, unmarked: _Unmarked, prefix: str = "") -> dict[str, Any]:
+        return self._params(
+            **{f"{prefix}token": unmarked.token},
+            **_slice(unmarked.first, unmarked.last, prefix),
+        )
+
+    def _check_marked(self, unmarked: _Unmarked, marked: int) -> None:
+        if marked != unmarked.count:
+            self._log_lost_claim(unmarked.token, "mark", expected=unmarked.count, touched=marked)
 
     def _params(self, **params: Any) -> dict[str, Any]:
         if self._dialect != "postgresql":
@@ -269,19 +356,63 @@ class Relay:
         return params
 
     def _claim_rows(self, token: str) -> list[OutboxMessage]:
+        """Claim the next rows, writing the deferred mark of the previous claim with them."""
         params = self._params(limit=self.batch_size, lease=self.claim_lease, token=token)
-        with self._transaction(statements=1) as conn:
-            rows = self._execute(conn, self._claim, params).all()
-        if self._precompiled and rows and rows[0][_STAGED_AT].tzinfo is not dt.timezone.utc:
-            # psycopg's values carry the session's zone; in a UTC session (use_utc_sessions)
-            # they are timezone.utc already and the rows are the messages as they are.
-            messages = [_from_driver_row(row) for row in rows]
+        unmarked = self._unmarked
+        if unmarked is None:
+            with self._transaction(statements=1) as conn:
+                _, messages = self._claimed(self._execute(conn, self._claim, params))
+        elif self._mark_and_claim is not None:
+            params.update(self._mark_params(unmarked, prefix="previous_"))
+            with self._transaction(statements=1) as conn:
+                result = self._execute(conn, self._mark_and_claim, params)
+                marked, messages = self._claimed(result, marked_column=True)
+            self._unmarked = None
+            self._check_marked(unmarked, marked)
         else:
-            messages = list(map(OutboxMessage._make, rows))
+            with self._transaction(statements=2) as conn:
+                marked = self._execute(conn, self._mark, self._mark_params(unmarked)).rowcount
+                _, messages = self._claimed(self._execute(conn, self._claim, params))
+            self._unmarked = None
+            self._check_marked(unmarked, marked)
         if self._dialect != "postgresql":  # PostgreSQL's claim returns them in claim order
             # UUID.int compares natively; UUID objects compare through Python-level methods.
             messages.sort(key=lambda m: (m.staged_at, m.id.int))
         return messages
+
+    def _claimed(
+        self, result: CursorResult[Any], *, marked_column: bool = False
+    ) -> tuple[int, list[OutboxMessage]]:
+        """The messages of a claim's result, and its leading ``marked`` count if it has one."""
+        if not self._precompiled:
+            rows: Sequence[Any] = result.all()
+            marked = rows[0][0] if marked_column else 0
+            if marked_column:
+                rows = list(map(_MESSAGE_PART, rows)) if rows[0][1] is not None else []
+            return marked, list(map(OutboxMessage._make, rows))
+        # psycopg builds the messages itself (a row factory), straight from its decoded values:
+        # no SQLAlchemy Row per row, and a third of the objects a pass allocates, which is what
+        # sets the pace of the garbage collector in a long drain.
+        cursor: Any = result.cursor
+        try:
+            if marked_column:
+                first = cursor.fetchone()
+                marked = first[0]
+                if first[1] is None:
+                    return marked, []
+                cursor.row_factory = _messages_after_marked
+                messages = [OutboxMessage._make(first[1:]), *cursor.fetchall()]
+            else:
+                marked = 0
+                cursor.row_factory = _messages
+                messages = cursor.fetchall()
+        finally:
+            result.close()
+        if messages and messages[0].staged_at.tzinfo is not dt.timezone.utc:
+            # psycopg's values carry the session's zone; in a UTC session (use_utc_sessions)
+            # they are timezone.utc already and the rows are the messages as they are.
+            messages = [_from_driver_row(message) for message in messages]
+        return marked, messages
 
     def _execute(
         self, conn: Connection, statement: Executable, params: dict[str, Any]
@@ -289,8 +420,7 @@ class Relay:
         precompiled = self._precompiled.get(id(statement))
         if precompiled is None:
             return conn.execute(statement, params)
-        sql, constants = precompiled
-        return conn.exec_driver_sql(sql, {**constants, **params})
+        return conn.exec_driver_sql(precompiled.sql, precompiled.params(params))
 
     def _publish_in_order(
         self, messages: list[OutboxMessage], interruptible: bool
@@ -329,10 +459,9 @@ class Relay:
         remaining = len(messages) - published
         with self._transaction(statements=(published > 0) + (remaining > 0)) as conn:
             if published:
-                params = self._params(token=token, **_slice(messages[0], messages[published - 1]))
-                marked = self._execute(conn, self._mark, params).rowcount
-                if marked != published:
-                    self._log_lost_claim(token, "mark", expected=published, touched=marked)
+                done = _Unmarked(token, messages[0], messages[published - 1], published)
+                marked = self._execute(conn, self._mark, self._mark_params(done)).rowcount
+                self._check_marked(done, marked)
             if remaining:
                 failed, error = failure if failure else (None, None)
                 params = {
@@ -486,8 +615,7 @@ class Relay:
             self._passes()
         finally:
             unsubscribe(self)
-            with self._pass_lock:
-                self._drop_held()
+            self._end_passes(quiet=True)
             if listener is not None:
                 listener.stop()
 
@@ -506,7 +634,7 @@ class Relay:
         while not self._stopping.is_set():
             result: PassResult | None = None
             try:
-                result = self._pass(interruptible=True)
+                result = self._pass(interruptible=True, defer_mark=True)
             except SQLAlchemyError as error:
                 # Failover, connection reset, a lock timeout: log, wait, try again. Never end
                 # the process over it; the rows are safe in the table.
@@ -541,8 +669,7 @@ class Relay:
         :meth:`stop` and :meth:`run` call it. An engine passed in by the caller stays open: it is
         the caller's. Also called on leaving a ``with Relay(...) as relay:`` block.
         """
-        with self._pass_lock:
-            self._drop_held()
+        self._end_passes(quiet=True)
         close = getattr(self.publisher, "close", None)
         if callable(close):
             try:

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection, Dialect, event
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
+from sqla_outbox import driver_sql
 from sqla_outbox.errors import ArgumentTypeError, StagingError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow
@@ -138,8 +140,7 @@ def enqueue(
     if isinstance(target, Connection):
         now = dt.datetime.now(dt.timezone.utc)
         message = build_message(job, input, staged_at=now, **options)
-        with raise_if_missing_table(target):
-            target.execute(stage_stmt(), stage_rows([message]))
+        _insert(target, [message])
         return message
 
     staging: _Staging | None = target.info.get(_INFO_KEY)
@@ -167,11 +168,38 @@ def staged(session: Any) -> tuple[OutboxMessage, ...]:
     return tuple(entry.message for entry in staging.entries) if staging else ()
 
 
+_stage_sql: weakref.WeakKeyDictionary[Dialect, driver_sql.Precompiled]
+_stage_sql = weakref.WeakKeyDictionary()
+
+
+def _insert(connection: Connection, messages: list[OutboxMessage]) -> None:
+    """INSERT ``messages`` on ``connection`` in one statement (an executemany for several).
+
+    On psycopg the INSERT is compiled once per engine and sent as driver SQL (see
+    :mod:`sqla_outbox.driver_sql`), with the input wrapped in ``Jsonb`` exactly as SQLAlchemy's
+    own JSONB type would; ``None`` stays JSON ``null``, as it does there.
+    """
+    rows = stage_rows(messages)
+    dialect = connection.dialect
+    with raise_if_missing_table(connection):
+        if not driver_sql.applies(dialect, connection.get_execution_options()):
+            connection.execute(stage_stmt(), rows)
+            return
+        from psycopg.types.json import Jsonb  # noqa: PLC0415 - psycopg is this branch's driver
+
+        for row in rows:
+            row["input"] = Jsonb(row["input"])
+        stage = _stage_sql.get(dialect)
+        if stage is None:
+            stage = _stage_sql[dialect] = driver_sql.precompile(
+                stage_stmt(), dialect, OutboxMessage._fields
+            )
+        connection.exec_driver_sql(stage.sql, rows)
+
+
 def _insert_staged(session: Session, staging: _Staging) -> None:
     messages = [entry.message for entry in staging.entries]
-    connection = session.connection(bind_arguments={"mapper": OutboxRow})
-    with raise_if_missing_table(connection):
-        connection.execute(stage_stmt(), stage_rows(messages))
+    _insert(session.connection(bind_arguments={"mapper": OutboxRow}), messages)
     # From here the rows' fate is the transaction's: if the commit still fails, the rollback
     # takes the rows, and the caller retries the whole unit of work, messages included.
     staging.entries.clear()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 from sqlalchemy import URL, Engine, event, select, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from support import MakeRelay
 
@@ -507,21 +508,24 @@ def test_messages_carry_utc_datetimes_whatever_the_session_zone(
     """A relay in a UTC session takes psycopg's values as they are; in any other zone it
     converts them. Either way the publisher gets the same instants, in ``timezone.utc``."""
     run_at = dt.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
-    with Session(pg_engine) as session:
-        staged = outbox.enqueue(session, "job", {}, run_at=run_at)
-        session.commit()
+    staged = []
+    for _ in range(2):  # two transactions: a drain of one per claim merges the second's mark
+        with Session(pg_engine) as session:
+            staged.append(outbox.enqueue(session, "job", {}, run_at=run_at))
+            session.commit()
     zoned = create_engine(pg_url, connect_args={"options": f"-c TimeZone={zone}"})
     try:
         with zoned.connect() as conn:
             assert conn.exec_driver_sql("SHOW TimeZone").scalar() == zone
         gate = Gate()
-        assert make_relay(zoned, gate).tick() == 1
+        assert make_relay(zoned, gate, batch_size=1).drain().published == 2
     finally:
         zoned.dispose()
-    [message] = gate.published
-    assert message.run_at == run_at and message.staged_at == staged.staged_at
-    assert message.run_at.tzinfo is dt.timezone.utc
-    assert message.staged_at.tzinfo is dt.timezone.utc
+    assert len(gate.published) == 2
+    for message, sent in zip(gate.published, staged, strict=True):
+        assert message.run_at == run_at and message.staged_at == sent.staged_at
+        assert message.run_at.tzinfo is dt.timezone.utc
+        assert message.staged_at.tzinfo is dt.timezone.utc
 
 
 def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(
@@ -536,3 +540,119 @@ def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(
     relay = make_relay(engine, later)
     assert relay.tick() == 5  # the retry starts at the failed row, in order
     assert [m.id for m in later.published] == ids[1:] + other
+
+
+def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: MakeRelay) -> None:
+    """drain() sends a claim's mark with the next claim: one statement per pass on
+    PostgreSQL, one transaction per pass on SQLite; the last, empty claim marks the last pass."""
+    ids = stage(engine, 25)
+    gate = Gate()
+    relay = make_relay(engine, gate, batch_size=10)
+    statements: list[str] = []
+
+    @event.listens_for(relay.engine, "before_cursor_execute")
+    def count(_c: object, _cur: object, statement: str, *_a: object) -> None:
+        statements.append(statement.split(maxsplit=1)[0].upper())
+
+    assert relay.drain() == outbox.PassResult(claimed=25, published=25)
+    sent = Counter(statements)
+    assert [m.id for m in gate.published] == ids
+    assert published_ids(engine) == set(ids)
+    if engine.dialect.name == "postgresql":
+        assert sent == {"WITH": 4}  # a claim, then three mark-and-claims
+    else:
+        # Four transactions: a claim, then a mark (UPDATE) and a claim in each of the others.
+        assert sent == {"BEGIN": 4, "WITH": 4, "UPDATE": 3}
+
+
+def test_a_transaction_cut_by_the_batch_size_goes_on_in_the_next_claim(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """The rows of a transaction that ended the previous claim are being marked published in
+    the same statement as the next claim: the ordering guard must count them as published, or
+    the rest of their transaction would wait while later ones overtake it."""
+    ids = stage(engine, 30, per_transaction=10)
+    gate = Gate()
+    assert make_relay(engine, gate, batch_size=4).drain().published == 30
+    assert [m.id for m in gate.published] == ids
+
+
+def test_a_deferred_mark_of_a_lost_claim_is_fenced_off(
+    engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
+) -> None:
+    """A stalls past its lease on its first claim, B reclaims those rows; A's mark, sent with
+    its next claim, touches none of them and is logged; A goes on with the rows after them."""
+    ids = stage(engine, 6, per_transaction=1)
+    a_gate = Gate(block_at=2)
+    a = make_relay(engine, a_gate, batch_size=3, claim_lease=60, relay_id="A")
+    a_result: list[outbox.PassResult] = []
+    a_thread = run_in_thread(lambda: a_result.append(a.drain()))
+    assert a_gate.entered.wait(WAIT)  # A is publishing the last row of its first claim
+
+    age_live_claims(engine)
+    b_gate = Gate(block_at=0, fail_at=0)
+    b = make_relay(engine, b_gate, batch_size=3, claim_lease=60, relay_id="B")
+    b_thread = run_in_thread(b.tick)
+    assert b_gate.entered.wait(WAIT)  # B holds rows 0-2
+
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        a_gate.proceed.set()
+        a_thread.join(WAIT)
+    assert not a_thread.is_alive()
+    assert a_result == [outbox.PassResult(claimed=6, published=6)]
+    assert [m.id for m in a_gate.published] == ids
+    [lost] = [r.getMessage() for r in caplog.records if "relay.claim_lost" in r.getMessage()]
+    assert "action=mark" in lost and "expected=3" in lost and "touched=0" in lost
+    assert published_ids(engine) == set(ids[3:])  # B's claim stands
+
+    b_gate.proceed.set()  # B fails row 0 and hands rows 0-2 back
+    b_thread.join(WAIT)
+    assert published_ids(engine) == set(ids[3:])
+    assert make_relay(engine, Gate()).tick() == 3
+
+
+def test_a_deferred_mark_of_a_lapsed_claim_nobody_took_still_marks_it(
+    engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
+) -> None:
+    """A outlives its lease while publishing, and no other relay reclaims the rows. Its next
+    claim must mark them, not take them again: a lapsed claim's rows are claimable, and one
+    statement must not both mark and re-claim a row."""
+    ids = stage(engine, 6, per_transaction=1)
+    gate = Gate(block_at=2, after_block=lambda: age_live_claims(engine))
+    relay = make_relay(engine, gate, batch_size=3, claim_lease=60)
+    thread = run_in_thread(relay.drain)
+    assert gate.entered.wait(WAIT)
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        gate.proceed.set()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    assert [m.id for m in gate.published] == ids  # each once
+    assert published_ids(engine) == set(ids)
+    assert not [r for r in caplog.records if "relay.claim_lost" in r.getMessage()]
+
+
+def test_a_deferred_mark_is_written_when_the_next_claim_fails(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """The connection dies after a pass published its whole claim: drain() raises the error,
+    but first writes that pass's mark on a new connection, so nothing it published is left
+    to be published again."""
+    ids = stage(pg_engine, 10)
+    published: list[uuid.UUID] = []
+    relays: list[outbox.Relay] = []
+
+    def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+        if len(published) == 5:  # the end of the first pass: kill the relay's connection
+            held = relays[0]._held
+            assert held is not None
+            pid = held.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+            with pg_engine.connect() as admin:
+                admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+
+    relays.append(make_relay(pg_engine, publish, batch_size=5))
+    with pytest.raises(OperationalError):
+        relays[0].drain()
+    assert published == ids[:5]
+    assert published_ids(pg_engine) == set(ids[:5])
+    assert make_relay(pg_engine, Gate()).tick() == 5

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from sqlalchemy import Engine, ForeignKey, String, event, select
+from sqlalchemy import Engine, ForeignKey, String, event, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import (
     DeclarativeBase,
@@ -399,3 +399,56 @@ def test_no_traceparent_outside_a_span(db: Engine) -> None:
     """Outside any span no traceparent is invented."""
     with Session(db) as session:
         assert outbox.enqueue(session, "untraced").traceparent is None
+
+
+def test_the_insert_is_one_execute_that_cursor_events_see(db: Engine) -> None:
+    """The INSERT goes through the session's connection like any statement: SQL logging and
+    tracing instrumentation (cursor events) see it, as one execute for one message."""
+    seen: list[tuple[str, bool]] = []
+
+    @event.listens_for(db, "before_cursor_execute")
+    def _record(_c: Any, _cur: Any, statement: str, _p: Any, _ctx: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO OUTBOX"):
+            seen.append((statement, many))
+
+    with Session(db) as session:
+        outbox.enqueue(session, "one", {"n": 1})
+        session.commit()
+    [(_statement, many)] = seen
+    assert not many
+    assert [row.input for row in rows(db)] == [{"n": 1}]
+
+
+def test_input_none_is_json_null_not_sql_null(pg_engine: Engine) -> None:
+    """No input is stored as the JSON value null, as SQLAlchemy's JSONB type stores None."""
+    with Session(pg_engine) as session:
+        message = outbox.enqueue(session, "no-input")
+        session.commit()
+    with pg_engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT input IS NULL, jsonb_typeof(input) FROM outbox WHERE id = :id"),
+            {"id": message.id},
+        ).one()
+    assert tuple(stored) == (False, "null")
+
+
+def test_schema_translate_map_is_honoured(pg_engine: Engine) -> None:
+    """Under a schema_translate_map, enqueue and relay use the translated table (no SQL
+    compiled in advance names the untranslated one)."""
+    with pg_engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA tenant_a"))
+    tenant = pg_engine.execution_options(schema_translate_map={None: "tenant_a"})
+    outbox.metadata.create_all(tenant)
+    with Session(tenant) as session:
+        message = outbox.enqueue(session, "tenant-job")
+        session.commit()
+    with pg_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tenant_a.outbox")).scalar() == 1
+        assert conn.execute(text("SELECT count(*) FROM public.outbox")).scalar() == 0
+    published: list[outbox.OutboxMessage] = []
+    with outbox.Relay(tenant, published.append) as relay:
+        assert relay.drain().published == 1
+    assert [m.id for m in published] == [message.id]
+    with pg_engine.connect() as conn:
+        query = "SELECT count(*) FROM tenant_a.outbox WHERE published_at IS NOT NULL"
+        assert conn.execute(text(query)).scalar() == 1
