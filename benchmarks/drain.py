@@ -7,7 +7,8 @@ so what is measured is the outbox machinery alone.
 
 Workload 3, per batch size, three arms:
 
-* **ours**: ``Relay(engine, lambda m: None, batch_size=b).drain()``.
+* **ours**: ``Relay(engine, lambda m: None, batch_size=b).drain()``: one statement per pass,
+  each pass's mark riding on the next claim (:func:`sqla_outbox.queries.mark_and_claim_stmt`).
 * **raw SQL** (the baseline): a psycopg 3 loop in autocommit, on the same table, doing the
   minimal equivalent of a relay pass: a one-statement claim (``UPDATE ... WHERE id =
   ANY(ARRAY(SELECT ... ORDER BY staged_at, id LIMIT b FOR UPDATE SKIP LOCKED)) RETURNING`` the

@@ -62,3 +62,27 @@ def test_postgresql_claim_probes_the_primary_key_for_each_claimed_row() -> None:
     """``= ANY(ARRAY(...))``, not ``IN (...)``, so a large batch cannot turn into a table scan."""
     sql = compiled(queries.claim_stmt("postgresql"), postgresql.dialect())
     assert "WHERE outbox.id = ANY (array((SELECT candidates.id" in sql
+
+
+def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> None:
+    """The previous claim's mark and the next claim share one statement: the mark is fenced on
+    the previous token; the claim neither takes the rows being marked nor waits for them; the
+    result leads with the mark's count and always has a row."""
+    sql = compiled(queries.mark_and_claim_stmt(), postgresql.dialect())
+    assert sql.startswith(
+        "WITH marked AS (UPDATE outbox SET published_at=now() "
+        "WHERE outbox.claimed_by = %(previous_token)s::VARCHAR AND outbox.published_at IS NULL"
+    )
+    assert "(outbox.staged_at, outbox.id) >= (%(previous_first_staged_at)s" in sql
+    assert "(outbox.staged_at, outbox.id) <= (%(previous_last_staged_at)s" in sql
+    assert "AND outbox.claimed_by IS DISTINCT FROM %(previous_token)s" in sql  # candidates
+    assert "AND group_row.claimed_by IS DISTINCT FROM %(previous_token)s" in sql  # the guard
+    assert "claimed AS (UPDATE outbox SET claimed_by=%(token)s" in sql
+    assert "SELECT marks.marked, claimed.id, claimed.job" in sql
+    assert sql.endswith(
+        "FROM (SELECT count(*) AS marked FROM marked) AS marks "
+        "LEFT OUTER JOIN claimed ON true ORDER BY claimed.staged_at, claimed.id"
+    )
+    assert "IS DISTINCT FROM" not in compiled(
+        queries.claim_stmt("postgresql"), postgresql.dialect()
+    )
