@@ -85,6 +85,17 @@ class Gate:
         self.published.append(message)
 
 
+def statement_kinds(engine: Engine) -> list[str]:
+    """A list that fills with the first word of every statement ``engine`` sends from now on."""
+    kinds: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def record(_c: object, _cur: object, statement: str, *_a: object) -> None:
+        kinds.append(statement.split(maxsplit=1)[0].upper())
+
+    return kinds
+
+
 def run_in_thread(fn: Callable[[], object]) -> threading.Thread:
     thread = threading.Thread(target=fn, daemon=True)
     thread.start()
@@ -131,11 +142,7 @@ def test_publishes_in_claim_order_and_marks_once_per_pass(
     ids = stage(engine, 25)
     gate = Gate()
     relay = make_relay(engine, gate, batch_size=10)
-    statements: list[str] = []
-
-    @event.listens_for(relay.engine, "before_cursor_execute")
-    def count(_c: object, _cur: object, statement: str, *_a: object) -> None:
-        statements.append(statement.split(maxsplit=1)[0].upper())
+    statements = statement_kinds(relay.engine)
 
     assert [relay.tick() for _ in range(4)] == [10, 10, 5, 0]
     assert [m.id for m in gate.published] == ids
@@ -548,11 +555,7 @@ def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: 
     ids = stage(engine, 25)
     gate = Gate()
     relay = make_relay(engine, gate, batch_size=10)
-    statements: list[str] = []
-
-    @event.listens_for(relay.engine, "before_cursor_execute")
-    def count(_c: object, _cur: object, statement: str, *_a: object) -> None:
-        statements.append(statement.split(maxsplit=1)[0].upper())
+    statements = statement_kinds(relay.engine)
 
     assert relay.drain() == outbox.PassResult(claimed=25, published=25)
     sent = Counter(statements)
