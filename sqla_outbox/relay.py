@@ -43,9 +43,10 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, CursorResult, Engine, Executable
@@ -102,14 +103,13 @@ _MESSAGE_PART = itemgetter(slice(1, None))
 """A mark-and-claim row without its leading ``marked`` column."""
 
 
-def _messages(_cursor: object) -> Callable[[Sequence[Any]], OutboxMessage]:
-    """psycopg row factory: each claimed row as an :class:`OutboxMessage`."""
-    return OutboxMessage._make
+_as_message: Callable[[Sequence[Any]], OutboxMessage] = partial(tuple.__new__, OutboxMessage)
+"""A claimed row's eleven values as an :class:`OutboxMessage`, without a Python-level call.
 
-
-def _messages_after_marked(_cursor: object) -> Callable[[Sequence[Any]], OutboxMessage]:
-    """psycopg row factory for a mark-and-claim row: the message after the ``marked`` column."""
-    return lambda values: OutboxMessage._make(values[1:])
+``OutboxMessage._make`` does the same through a Python function and a length check; the claim's
+columns are :data:`~sqla_outbox.queries.MESSAGE_FIELDS`, so the length is right by construction
+(a unit test pins the two together), and a drain builds tens of thousands of these a second.
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,31 +384,20 @@ class Relay:
         self, result: CursorResult[Any], *, marked_column: bool = False
     ) -> tuple[int, list[OutboxMessage]]:
         """The messages of a claim's result, and its leading ``marked`` count if it has one."""
-        if not self._precompiled:
-            rows: Sequence[Any] = result.all()
-            marked = rows[0][0] if marked_column else 0
-            if marked_column:
-                rows = list(map(_MESSAGE_PART, rows)) if rows[0][1] is not None else []
-            return marked, list(map(OutboxMessage._make, rows))
-        # psycopg builds the messages itself (a row factory), straight from its decoded values:
-        # no SQLAlchemy Row per row, and a third of the objects a pass allocates, which is what
-        # sets the pace of the garbage collector in a long drain.
-        cursor: Any = result.cursor
-        try:
-            if marked_column:
-                first = cursor.fetchone()
-                marked = first[0]
-                if first[1] is None:
-                    return marked, []
-                cursor.row_factory = _messages_after_marked
-                messages = [OutboxMessage._make(first[1:]), *cursor.fetchall()]
-            else:
-                marked = 0
-                cursor.row_factory = _messages
-                messages = cursor.fetchall()
-        finally:
-            result.close()
-        if messages and messages[0].staged_at.tzinfo is not dt.timezone.utc:
+        rows: Sequence[Any]
+        if self._precompiled:
+            # psycopg's own tuples, read from the cursor: no SQLAlchemy Row per claimed row.
+            try:
+                rows = result.cursor.fetchall()
+            finally:
+                result.close()
+        else:
+            rows = cast("Sequence[Any]", result.all())  # Rows index like tuples
+        marked = rows[0][0] if marked_column else 0
+        if marked_column:
+            rows = list(map(_MESSAGE_PART, rows)) if rows[0][1] is not None else []
+        messages = list(map(_as_message, rows))
+        if self._precompiled and messages and messages[0].staged_at.tzinfo is not dt.timezone.utc:
             # psycopg's values carry the session's zone; in a UTC session (use_utc_sessions)
             # they are timezone.utc already and the rows are the messages as they are.
             messages = [_from_driver_row(message) for message in messages]
