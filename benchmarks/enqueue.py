@@ -79,16 +79,15 @@ def _arms(ctx: Context, messages: int) -> dict[str, Callable[[], None]]:
     return {"ours": ours, "hand-written": hand_written, "business only": business_only}
 
 
-_ANY_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)  # only the row's keys are used
+_COLUMNS = list(outbox.OutboxMessage._fields)
 _RAW_ORDER = "INSERT INTO bench_orders (id, customer, total_cents) VALUES (%s, %s, %s)"
 
 
 def _raw_arms(ctx: Context) -> tuple[dict[str, Callable[[], None]], Callable[[], None]]:
     """Business only / business + outbox row, on one bare psycopg connection; and its close."""
     conn = ctx.raw(autocommit=False)
-    compiled = OUTBOX_INSERT.compile(
-        dialect=ctx.engine.dialect, column_keys=list(outbox_row(JOB, {}, _ANY_TIME))
-    )
+    # The row's keys are the message's fields: the INSERT the library itself compiles.
+    compiled = OUTBOX_INSERT.compile(dialect=ctx.engine.dialect, column_keys=_COLUMNS)
     outbox_sql = str(compiled).encode()
     order_sql = _RAW_ORDER.encode()
     counter = _ORDER_IDS

@@ -12,10 +12,19 @@ tuple order is the table's column order and is not part of the API.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from typing import Any, NamedTuple
 
-__all__ = ["OutboxMessage"]
+__all__ = ["OutboxMessage", "compact_json"]
+
+
+def compact_json(value: Any) -> str:
+    """``value`` as compact JSON text (no spaces, non-ASCII kept as is): what publishers send.
+
+    One spelling for every broker, so a consumer reading two of them sees byte-identical input.
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 class OutboxMessage(NamedTuple):

@@ -113,8 +113,12 @@ columns are :data:`~sqla_outbox.queries.MESSAGE_FIELDS`, so the length is right 
 
 
 @dataclass(frozen=True, slots=True)
-class _Unmarked:
-    """A claim published in full whose mark goes out with the next claim."""
+class _Published:
+    """A published run of a claim, ``first`` to ``last``: what one fenced mark retires.
+
+    A loop keeps the one of a claim it published in full (``Relay._unmarked``) until the next
+    claim carries its mark.
+    """
 
     token: str
     first: OutboxMessage
@@ -217,7 +221,7 @@ class Relay:
         self._mark_and_claim = (
             queries.mark_and_claim_stmt() if self._dialect == "postgresql" else None
         )
-        self._unmarked: _Unmarked | None = None
+        self._unmarked: _Published | None = None
         self._pass_lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -296,7 +300,7 @@ class Relay:
                 return PassResult()
             published, failure = self._publish_in_order(messages, interruptible)
             if defer_mark and failure is None and not self._stopping.is_set():
-                self._unmarked = _Unmarked(token, messages[0], messages[-1], published)
+                self._unmarked = _Published(token, messages[0], messages[-1], published)
             else:
                 self._settle(token, messages, published, failure)
             return PassResult(len(messages), published, failure is not None)
@@ -337,13 +341,13 @@ class Relay:
         self._unmarked = None
         self._check_marked(unmarked, marked)
 
-    def _mark_params(self, unmarked: _Unmarked, prefix: str = "") -> dict[str, Any]:
+    def _mark_params(self, unmarked: _Published, prefix: str = "") -> dict[str, Any]:
         return self._params(
             **{f"{prefix}token": unmarked.token},
             **_slice(unmarked.first, unmarked.last, prefix),
         )
 
-    def _check_marked(self, unmarked: _Unmarked, marked: int) -> None:
+    def _check_marked(self, unmarked: _Published, marked: int) -> None:
         if marked != unmarked.count:
             self._log_lost_claim(unmarked.token, "mark", expected=unmarked.count, touched=marked)
 
@@ -448,7 +452,7 @@ class Relay:
         remaining = len(messages) - published
         with self._transaction(statements=(published > 0) + (remaining > 0)) as conn:
             if published:
-                done = _Unmarked(token, messages[0], messages[published - 1], published)
+                done = _Published(token, messages[0], messages[published - 1], published)
                 marked = self._execute(conn, self._mark, self._mark_params(done)).rowcount
                 self._check_marked(done, marked)
             if remaining:

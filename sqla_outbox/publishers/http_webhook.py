@@ -60,7 +60,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import importlib.metadata
-import json
 import os
 import ssl
 import threading
@@ -69,7 +68,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqla_outbox.errors import BrokerError, PublisherError
-from sqla_outbox.message import OutboxMessage
+from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import (
     hide_password,
     positive_seconds,
@@ -243,7 +242,7 @@ class WebhookPublisher:
 
     def publish(self, message: OutboxMessage) -> None:
         """POST ``message``; return on a 2xx answer, raise :class:`WebhookError` otherwise."""
-        body = json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
+        body = compact_json(message.to_dict()).encode()
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": message.idempotency_key,

@@ -64,7 +64,7 @@ from urllib.parse import urlunsplit
 
 from sqla_outbox.errors import PublisherError, PublishError
 from sqla_outbox.logs import log_event
-from sqla_outbox.message import OutboxMessage
+from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import (
     hide_password,
     parse_seconds,
@@ -295,7 +295,7 @@ class NatsJetStreamPublisher:
                 if self.stream is not None:
                     headers["Nats-Expected-Stream"] = self.stream
                 _check_header_values(headers)
-                payload = json.dumps(message.input, ensure_ascii=False, separators=(",", ":"))
+                payload = compact_json(message.input)
                 future: asyncio.Future[PubAck] = loop.create_future()
                 self._acks[reply] = future
                 acks.append((reply, future))

@@ -61,7 +61,6 @@ closes the connection.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -70,7 +69,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from sqla_outbox.errors import BrokerError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
-from sqla_outbox.message import OutboxMessage
+from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import hide_password, require_client, split_options, split_url
 
 try:
@@ -311,7 +310,7 @@ class RabbitMQPublisher:
 
 
 def _body(message: OutboxMessage) -> bytes:
-    return json.dumps(message.input, ensure_ascii=False, separators=(",", ":")).encode()
+    return compact_json(message.input).encode()
 
 
 def _properties(message: OutboxMessage) -> Any:

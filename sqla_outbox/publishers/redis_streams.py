@@ -43,13 +43,12 @@ The trap
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlunsplit
 
 from sqla_outbox.errors import PublisherError, PublishError
-from sqla_outbox.message import OutboxMessage
+from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import (
     check_scheme,
     hide_password,
@@ -96,23 +95,10 @@ def entry_fields(message: OutboxMessage) -> dict[str, str]:
     ``tenant_id``, ``traceparent`` and ``enqueued_by`` are left out when they are ``None`` (see
     the module docs); everything else is always present.
     """
-    fields = {
-        "id": str(message.id),
-        "job": message.job,
-        "queue": message.queue,
-        "input": json.dumps(message.input, ensure_ascii=False, separators=(",", ":")),
-        "idempotency_key": message.idempotency_key,
-        "max_attempts": str(message.max_attempts),
-        "run_at": message.run_at.isoformat(),
-        "staged_at": message.staged_at.isoformat(),
-    }
-    optional = {
-        "tenant_id": message.tenant_id,
-        "traceparent": message.traceparent,
-        "enqueued_by": message.enqueued_by,
-    }
-    fields.update({name: value for name, value in optional.items() if value is not None})
-    return fields
+    fields = message.to_dict()
+    fields["input"] = compact_json(message.input)
+    fields["max_attempts"] = str(message.max_attempts)
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 class RedisStreamsPublisher:

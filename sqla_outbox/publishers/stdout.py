@@ -12,12 +12,11 @@ be marked and lost. A write that fails (a closed pipe) raises, so the row stays 
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from typing import TextIO
 
-from sqla_outbox.message import OutboxMessage
+from sqla_outbox.message import OutboxMessage, compact_json
 
 __all__ = ["StdoutPublisher", "message_line"]
 
@@ -32,7 +31,7 @@ def message_line(message: OutboxMessage) -> str:
     Non-ASCII text is kept as is rather than escaped: the stream is text, and a reader sees the
     customer's name, not ``\\u00e9``.
     """
-    return json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":"))
+    return compact_json(message.to_dict())
 
 
 class StdoutPublisher:
