@@ -11,6 +11,11 @@ request-scoped shape), on the same engine, writing one ``bench_orders`` row:
   table, same column types binding the values, same driver, same round trips. It skips only what
   the library adds: validation, the staging bookkeeping and its session event hooks.
 * **business only** (workload 1): the order alone; the price of the outbox in any form.
+* **DBAPI INSERT** (workload 1, informative): the order + the library's own compiled INSERT of
+  the same row, executed on the session's DBAPI connection (``driver_connection.execute``), so
+  no SQLAlchemy statement execution at all. Against it, ours shows what going through
+  SQLAlchemy's ``Connection`` costs: the price of the INSERT appearing in SQL logs, cursor
+  events and tracing, and of errors arriving as SQLAlchemy exceptions.
 * **raw SQL limit** (workload 1, informative): the same two transactions, order alone and order
   plus the same outbox row, from a bare psycopg connection with no SQLAlchemy on either side.
   Their ratio is what one more row in the transaction costs the database itself (a round trip,
@@ -79,6 +84,29 @@ def _arms(ctx: Context, messages: int) -> dict[str, Callable[[], None]]:
     return {"ours": ours, "hand-written": hand_written, "business only": business_only}
 
 
+def _dbapi_arm(ctx: Context) -> Callable[[], None]:
+    """The order + the library's INSERT on the session's DBAPI connection, bypassing SQLAlchemy."""
+    sessions = ctx.sessions
+    counter = _ORDER_IDS
+    outbox_sql = _compiled_insert(ctx)
+
+    def dbapi_insert() -> None:
+        n = next(counter)
+        with sessions() as session:
+            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
+            row = outbox_row(JOB, Jsonb({"order_id": n}), dt.datetime.now(dt.timezone.utc))
+            session.connection().connection.driver_connection.execute(outbox_sql, row)
+            session.commit()
+
+    return dbapi_insert
+
+
+def _compiled_insert(ctx: Context) -> bytes:
+    """The INSERT the library itself compiles: the row's keys are the message's fields."""
+    compiled = OUTBOX_INSERT.compile(dialect=ctx.engine.dialect, column_keys=_COLUMNS)
+    return str(compiled).encode()
+
+
 _COLUMNS = list(outbox.OutboxMessage._fields)
 _RAW_ORDER = "INSERT INTO bench_orders (id, customer, total_cents) VALUES (%s, %s, %s)"
 
@@ -86,9 +114,7 @@ _RAW_ORDER = "INSERT INTO bench_orders (id, customer, total_cents) VALUES (%s, %
 def _raw_arms(ctx: Context) -> tuple[dict[str, Callable[[], None]], Callable[[], None]]:
     """Business only / business + outbox row, on one bare psycopg connection; and its close."""
     conn = ctx.raw(autocommit=False)
-    # The row's keys are the message's fields: the INSERT the library itself compiles.
-    compiled = OUTBOX_INSERT.compile(dialect=ctx.engine.dialect, column_keys=_COLUMNS)
-    outbox_sql = str(compiled).encode()
+    outbox_sql = _compiled_insert(ctx)
     order_sql = _RAW_ORDER.encode()
     counter = _ORDER_IDS
 
@@ -124,8 +150,8 @@ def _timed(operation: Callable[[], None], seconds: float) -> Callable[[], float]
 def run_single(ctx: Context) -> list[Result]:
     """Workload 1: one message per transaction, against hand-written and business-only."""
     raw_arms, close_raw = _raw_arms(ctx)
-    arms = {**_arms(ctx, messages=1), **raw_arms}
-    ctx.log("enqueue x1: ours / hand-written / business only / raw-SQL pair, interleaved")
+    arms = {**_arms(ctx, messages=1), "DBAPI INSERT": _dbapi_arm(ctx), **raw_arms}
+    ctx.log("enqueue x1: ours / hand-written / business only / DBAPI / raw-SQL pair, interleaved")
     try:
         samples = _measure(ctx, arms)
     finally:
@@ -146,6 +172,20 @@ def run_single(ctx: Context) -> list[Result]:
             "ours",
             "business only",
             Target("ratio", ">=", 0.75),
+        ),
+        compare(
+            "enqueue 1 msg vs the same INSERT on the DBAPI connection",
+            "tx/s",
+            samples,
+            "ours",
+            "DBAPI INSERT",
+        ),
+        compare(
+            "enqueue 1 msg, DBAPI INSERT in the ORM transaction vs business only",
+            "tx/s",
+            samples,
+            "DBAPI INSERT",
+            "business only",
         ),
         compare(
             "enqueue 1 msg, raw SQL limit: +outbox row vs business only",

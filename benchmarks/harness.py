@@ -474,7 +474,8 @@ def compare(
 def _number(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
-    if abs(value) >= 100:
+    # Large values, and unitless whole numbers (counts such as duplicates), print as integers.
+    if abs(value) >= 100 or (value.is_integer() and not unit):
         text = f"{value:,.0f}"
     elif abs(value) >= 10:
         text = f"{value:.1f}"
