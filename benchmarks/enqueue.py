@@ -32,6 +32,7 @@ import itertools
 from collections.abc import Callable
 
 from psycopg.types.json import Jsonb
+from sqlalchemy.orm import Session
 
 import sqla_outbox as outbox
 from benchmarks.harness import (
@@ -53,62 +54,65 @@ _ORDER_IDS = itertools.count(1)
 """Order keys, unique across every arm and workload of a run."""
 
 
-def _arms(ctx: Context, messages: int) -> dict[str, Callable[[], None]]:
-    """One-transaction operations: ours, hand-written, business only. Keys are display names."""
+_COLUMNS = list(outbox.OutboxMessage._fields)
+_RAW_ORDER = "INSERT INTO bench_orders (id, customer, total_cents) VALUES (%s, %s, %s)"
+
+OutboxWrite = Callable[[Session, int], None]
+"""What an arm adds to the order's transaction: the outbox write for order ``n``, or nothing."""
+
+
+def _order_transaction(ctx: Context, write: OutboxWrite | None) -> Callable[[], None]:
+    """One arm: a new session, one order row, ``write``, commit. Every arm shares this shape."""
     sessions = ctx.sessions
     counter = _ORDER_IDS
 
-    def ours() -> None:
+    def transaction() -> None:
         n = next(counter)
         with sessions() as session:
             session.add(BenchOrder(id=n, customer="customer", total_cents=n))
-            for _ in range(messages):
-                outbox.enqueue(session, JOB, {"order_id": n})
+            if write is not None:
+                write(session, n)
             session.commit()
 
-    def hand_written() -> None:
-        n = next(counter)
-        with sessions() as session:
-            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
-            now = dt.datetime.now(dt.timezone.utc)
-            rows = [outbox_row(JOB, {"order_id": n}, now) for _ in range(messages)]
-            session.execute(OUTBOX_INSERT, rows[0] if messages == 1 else rows)
-            session.commit()
+    return transaction
 
-    def business_only() -> None:
-        n = next(counter)
-        with sessions() as session:
-            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
-            session.commit()
 
-    return {"ours": ours, "hand-written": hand_written, "business only": business_only}
+def _arms(ctx: Context, messages: int) -> dict[str, Callable[[], None]]:
+    """One-transaction operations: ours, hand-written, business only. Keys are display names."""
+
+    def ours(session: Session, n: int) -> None:
+        for _ in range(messages):
+            outbox.enqueue(session, JOB, {"order_id": n})
+
+    def hand_written(session: Session, n: int) -> None:
+        now = dt.datetime.now(dt.timezone.utc)
+        rows = [outbox_row(JOB, {"order_id": n}, now) for _ in range(messages)]
+        session.execute(OUTBOX_INSERT, rows[0] if messages == 1 else rows)
+
+    return {
+        "ours": _order_transaction(ctx, ours),
+        "hand-written": _order_transaction(ctx, hand_written),
+        "business only": _order_transaction(ctx, None),
+    }
 
 
 def _dbapi_arm(ctx: Context) -> Callable[[], None]:
     """The order + the library's INSERT on the session's DBAPI connection, bypassing SQLAlchemy."""
-    sessions = ctx.sessions
-    counter = _ORDER_IDS
     outbox_sql = _compiled_insert(ctx)
 
-    def dbapi_insert() -> None:
-        n = next(counter)
-        with sessions() as session:
-            session.add(BenchOrder(id=n, customer="customer", total_cents=n))
-            row = outbox_row(JOB, Jsonb({"order_id": n}), dt.datetime.now(dt.timezone.utc))
-            session.connection().connection.driver_connection.execute(outbox_sql, row)
-            session.commit()
+    def dbapi_insert(session: Session, n: int) -> None:
+        row = outbox_row(JOB, Jsonb({"order_id": n}), dt.datetime.now(dt.timezone.utc))
+        driver = session.connection().connection.driver_connection
+        assert driver is not None  # a checked-out connection always has one
+        driver.execute(outbox_sql, row)
 
-    return dbapi_insert
+    return _order_transaction(ctx, dbapi_insert)
 
 
 def _compiled_insert(ctx: Context) -> bytes:
     """The INSERT the library itself compiles: the row's keys are the message's fields."""
     compiled = OUTBOX_INSERT.compile(dialect=ctx.engine.dialect, column_keys=_COLUMNS)
     return str(compiled).encode()
-
-
-_COLUMNS = list(outbox.OutboxMessage._fields)
-_RAW_ORDER = "INSERT INTO bench_orders (id, customer, total_cents) VALUES (%s, %s, %s)"
 
 
 def _raw_arms(ctx: Context) -> tuple[dict[str, Callable[[], None]], Callable[[], None]]:
