@@ -67,6 +67,11 @@ Things to know
 * Autogenerate only rewrites a table that *is* the outbox (its columns, primary-key name and
   index names match :mod:`sqla_outbox.model`); an unrelated table of yours named ``outbox`` is
   left to Alembic. ``include_object``/``include_name`` filters apply first, as for any table.
+* Without ``import alembic_ext`` in ``env.py`` none of this is registered, and autogenerate writes
+  the outbox column by column typed ``sqla_outbox.model.UTCDateTime(timezone=True)``, which the
+  migration does not import (Alembic imports nothing for a type outside SQLAlchemy): it fails
+  with ``NameError: name 'sqla_outbox' is not defined``, and the table would lack the
+  PostgreSQL trigger and fillfactor. Add the import and autogenerate that migration again.
 * Alembic >= 1.13. On 1.18+ the comparator is registered with ``DispatchPriority.LAST`` so it runs
   after the built-in table comparison; ``autogenerate_plugins`` does not need to mention it, and
   excluding Alembic's own plugins there does not disable it.

@@ -29,7 +29,11 @@ already runs after them.
 A :class:`alembic.runtime.plugins.Plugin` (``alembic.plugins`` entry point) is deliberately *not*
 used: Alembic only runs a plugin's comparators when its name is listed in ``autogenerate_plugins``,
 which would break the zero-configuration promise and silently produce raw ``create_table`` calls
-for anyone who forgot the setting.
+for anyone who forgot the setting. Nor can an entry point stand in for ``import alembic_ext``:
+Alembic (1.18 to 1.20 at least) loads entry points while ``alembic.autogenerate`` is still being
+imported, before this global registry exists, so importing this module from one fails, and a
+tolerant import would leave the comparator unregistered for good (a later ``import alembic_ext``
+finds the module already imported).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def main(url: str) -> None:
     with Session(engine) as session:
         order = Order(email="ada@example.com")
         session.add(order)
-        session.flush()
+        session.flush()  # runs the INSERT, so order.id is set: before it, it is None
         outbox.enqueue(session, "send_receipt", {"order_id": order.id}, queue="emails")
         session.commit()  # the order and its job commit together
 

@@ -6,10 +6,14 @@ and who holds it; ``demo`` tells the whole story on a throwaway SQLite database.
 Every option is also read from an environment variable (``SQLA_OUTBOX_URL``,
 ``SQLA_OUTBOX_PUBLISHER``, ...; ``--help`` lists them), so a container needs no command line.
 
-Errors a user can cause (a bad option, an unreachable database, a missing table, a publisher
-that cannot be imported) print one sentence with the fix on stderr and exit non-zero: ``2`` for
-a bad option, ``1`` for the rest. They never print a traceback; a traceback means a bug in
-sqla-outbox. Database URLs are always shown with the password hidden.
+Errors a user can cause print one sentence with the fix on stderr and exit non-zero: ``2`` for
+a bad option (a malformed ``--url``, a database other than PostgreSQL or SQLite, a driver that is
+not installed or is asyncio-only, a publisher that cannot be imported), ``1`` for the rest (an
+unreachable database, a missing table, a role without the privileges the command needs). The
+URL and the table are checked before the command starts (:mod:`sqla_outbox.preflight`), so a
+relay that cannot work exits at once instead of logging the same error forever. They never print
+a traceback; a traceback means a bug in sqla-outbox. Database URLs are always shown with the
+password hidden.
 
 Exit codes of ``relay``: ``0`` after ``--once`` published everything due, or after SIGINT or
 SIGTERM (the pass in flight finishes and its marks are written first); ``1`` if a publish failed
@@ -33,16 +37,24 @@ import click
 import sqlalchemy as sa
 from click.core import ParameterSource
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import DBAPIError
 
 from sqla_outbox import queries
-from sqla_outbox.engines import create_engine, hide_password
+from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError, OutboxError, PublisherError
 from sqla_outbox.logs import LogfmtFormatter, log_event
+from sqla_outbox.preflight import (
+    RELAY_PRIVILEGES,
+    STATUS_PRIVILEGES,
+    check_outbox_table,
+    database_url,
+    engine_from_url,
+)
 from sqla_outbox.publishers import PublisherLike
 from sqla_outbox.publishers.loader import resolve_publisher
+from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.relay import Relay
-from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.schema_errors import is_permission_denied, raise_if_missing_table
 from sqla_outbox.settings import DEFAULT_CLAIM_LEASE, resolve_claim_lease
 
 __all__ = ["cli", "main"]
@@ -84,6 +96,36 @@ def _url_option(command: F) -> F:
     )(command)
 
 
+def _publisher_help() -> str:
+    # The broker lines come from BROKERS, so a new broker is listed by itself. ``\b`` stops click
+    # from rewrapping a paragraph; its lines are kept short enough for an 80-column terminal.
+    schemes: dict[str, list[str]] = {}
+    for scheme, broker in BROKERS.items():
+        schemes.setdefault(broker.extra, []).append(scheme)
+    forms = {
+        extra: "celery:module:app" if extra == "celery" else ", ".join(f"{s}://" for s in names)
+        for extra, names in schemes.items()
+    }
+    width = max(len(form) for form in [*forms.values(), "module:attribute"])
+    return "\n".join(
+        [
+            "Where messages go, one of:",
+            "",
+            "\b",
+            f"{'stdout':<{width}}  one JSON line per message",
+            f"{'module:attribute':<{width}}  a publisher object, class",
+            f"{'':<{width}}  or function of yours",
+            *(f"{form:<{width}}  broker [{extra}]" for extra, form in forms.items()),
+            "",
+            "\b",
+            "A broker needs its [extra] installed, e.g.",
+            'pip install "sqla-outbox[redis]" for redis://.',
+            "",
+            "Each broker's URL options: docs/brokers/.",
+        ]
+    )
+
+
 def _lease_option(command: F) -> F:
     return click.option(
         "--claim-lease",
@@ -116,8 +158,7 @@ def cli() -> None:
     envvar=_env("PUBLISHER"),
     show_envvar=True,
     metavar="SPEC",
-    help="Where messages go: 'stdout' (one JSON object per line) or 'module:attribute' "
-    "naming a publisher object, class or function.",
+    help=_publisher_help(),
 )
 @click.option(
     "--batch-size",
@@ -192,8 +233,8 @@ def relay(
     database_url = _require_url(ctx, url)
     if not publisher:
         raise click.UsageError(
-            f"Missing option '--publisher'. Pass --publisher stdout (or module:attribute), "
-            f"or set {_env('PUBLISHER')}.",
+            f"Missing option '--publisher'. Pass --publisher stdout (or module:attribute, or a "
+            f"broker URL: see --help), or set {_env('PUBLISHER')}.",
             ctx,
         )
     # ``python -m`` puts the working directory on sys.path; a console script does not. Add it,
@@ -335,6 +376,7 @@ def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStat
     with _database_errors(url):
         conn = engine.connect()
     with conn, _database_errors(url, "while reading the outbox"), raise_if_missing_table(engine):
+        check_outbox_table(conn, STATUS_PRIVILEGES, needed_by="sqla-outbox status")
         if dialect == "postgresql":
             # Leases are measured on the database's clock; ages must be too.
             now: dt.datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
@@ -415,20 +457,25 @@ def demo(keep: bool) -> int:
 
 
 def _require_url(ctx: click.Context, url: str | None) -> URL:
+    """The --url, checked before anything connects (see :mod:`sqla_outbox.preflight`)."""
     if not url:
         raise click.UsageError(
             f"Missing option '--url'. Pass --url {URL_EXAMPLE}, or set {_env('URL')}.", ctx
         )
     try:
-        parsed = sa.make_url(url)
-    except ArgumentError as error:
-        raise click.UsageError(
-            f"--url {hide_password(url)!r} is not a database URL ({error}). Pass e.g. "
-            f"--url {URL_EXAMPLE}, or set {_env('URL')}.",
-            ctx,
-        ) from error
+        parsed = database_url(url, **_url_source(ctx))
+    except ConfigurationError as error:
+        raise click.UsageError(str(error), ctx) from error
     _refuse_missing_sqlite_file(parsed)
     return parsed
+
+
+def _url_source(ctx: click.Context) -> dict[str, str]:
+    # How the URL's messages name it: the flag, and the variable when it came from there.
+    source = "--url"
+    if ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT:
+        source = f"--url (from {_env('URL')})"
+    return {"source": source, "fix": f"Pass e.g. --url {URL_EXAMPLE}, or set {_env('URL')}."}
 
 
 def _refuse_missing_sqlite_file(url: URL) -> None:
@@ -446,19 +493,11 @@ def _refuse_missing_sqlite_file(url: URL) -> None:
 
 
 def _engine(ctx: click.Context, url: URL) -> Engine:
+    # A driver that is not installed is reported here, still before any connection.
     try:
-        return create_engine(url, utc=True)
-    except ArgumentError as error:
-        raise click.UsageError(
-            f"--url {hide_password(url)!r} is not a usable database URL ({error}). Pass e.g. "
-            f"--url {URL_EXAMPLE}, or set {_env('URL')}.",
-            ctx,
-        ) from error
-    except ImportError as error:
-        raise CommandError(
-            f"The driver for {hide_password(url)} is not installed ({error}). Install it, or "
-            f"use a URL whose driver is, e.g. {URL_EXAMPLE}."
-        ) from error
+        return engine_from_url(url, **_url_source(ctx), utc=True)
+    except ConfigurationError as error:
+        raise click.UsageError(str(error), ctx) from error
 
 
 _CONNECT_FIX = f"Check --url / {_env('URL')} and that the server is running."
@@ -479,6 +518,14 @@ def _database_errors(url: URL, doing: str | None = None, fix: str = _SCHEMA_FIX)
     except DBAPIError as error:
         detail = str(error.orig if error.orig is not None else error).strip()
         first_line = detail.splitlines()[0].rstrip(".") if detail else type(error).__name__
+        if doing is not None and is_permission_denied(error):
+            # Start-up checked the privileges: a grant has been revoked since.
+            raise CommandError(
+                f"The database at {hide_password(url)} refused a statement {doing}: "
+                f"{first_line}. Grant the role what sqla-outbox needs on the outbox table "
+                f"(the relay: {', '.join(RELAY_PRIVILEGES)}; status: "
+                f"{', '.join(STATUS_PRIVILEGES)})."
+            ) from error
         if doing is None:
             raise CommandError(
                 f"Cannot connect to {hide_password(url)}: {first_line}. {_CONNECT_FIX}"

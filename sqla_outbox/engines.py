@@ -83,10 +83,38 @@ def create_engine(
 
 
 def hide_password(url: str | URL) -> str:
-    """The URL as text with any password replaced by ``***``, for logs and error messages."""
+    """The URL as text with any password replaced by ``***``, for logs and error messages.
+
+    Also hides a ``password=`` query parameter, and the whole password when it holds an ``@``
+    that was not written ``%40``: SQLAlchemy ends the password at the first ``@`` and takes the
+    rest for the host, so rendering its parse would show the tail of the password as a host. A
+    string SQLAlchemy cannot parse (a port that is not a number) is masked from the user name's
+    ``:`` to its last ``@``; one that does not even look like ``scheme://...`` is shown only if it
+    has no ``@`` at all.
+    """
     try:
         parsed = sa.make_url(url)
-    except Exception:  # not a URL at all: show it only if it carries no credentials
-        text = str(url)
-        return text if "@" not in text else "<unparseable database URL>"
-    return parsed.render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: mask it as text
+        return _mask_text(str(url))
+    if parsed.host and "@" in parsed.host:
+        parsed = parsed.set(host=parsed.host.rpartition("@")[2])
+    if "password" in parsed.query:
+        parsed = parsed.update_query_dict({"password": _HIDDEN})
+    return parsed.render_as_string(hide_password=True).replace(_HIDDEN_QUOTED, "***")
+
+
+_HIDDEN = "***"
+_HIDDEN_QUOTED = "%2A%2A%2A"  # how SQLAlchemy writes ``***`` in a query string
+
+
+def _mask_text(text: str) -> str:
+    # The user information ends at the *last* ``@``, so an ``@`` inside the password is masked
+    # with the rest of it (an ``@`` in the query string only makes the mask wider).
+    scheme, separator, rest = text.partition("://")
+    if separator and "@" in rest:
+        userinfo, _, host = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        return f"{scheme}://{user}{':' + _HIDDEN if colon else ''}@{host}"
+    if separator or "@" not in text:
+        return text
+    return "<unparseable database URL>"

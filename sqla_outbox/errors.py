@@ -10,7 +10,9 @@ from __future__ import annotations
 __all__ = [
     "ArgumentTypeError",
     "BrokerError",
+    "BrokerUnavailableError",
     "ConfigurationError",
+    "MissingPrivilegeError",
     "MissingTableError",
     "OutboxError",
     "PublishError",
@@ -45,6 +47,15 @@ class MissingTableError(OutboxError):
     """The database is reachable but has no outbox table: the migration has not been run."""
 
 
+class MissingPrivilegeError(OutboxError):
+    """The database role may not do what sqla-outbox needs on the outbox table (PostgreSQL).
+
+    The message names the role, each missing privilege, the table, and the ``GRANT`` that fixes
+    it. Raised at start-up (:meth:`Relay.check`, ``sqla-outbox status``) rather than left to a
+    relay that would otherwise retry a "permission denied" forever.
+    """
+
+
 class BrokerError(OutboxError):
     """A broker did not take a message: it refused it, answered with an error, or was unreachable.
 
@@ -69,5 +80,23 @@ class PublishError(BrokerError):
     """
 
     def __init__(self, message: str, *, published: int) -> None:
+        super().__init__(message)
+        self.published = published
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker cannot be reached at all: connection refused, a timeout, a broker restarting.
+
+    An outage, not a verdict on the message: the relay hands the rest of the pass back, charges
+    no row an attempt, and backs off as a whole until the broker answers again. Every other
+    exception a publisher raises is charged to the message being published (retried with
+    backoff, dead-lettered after ``max_publish_attempts``).
+
+    A custom publisher raises it (or an exception whose ``__cause__`` is one) for "could not talk
+    to the broker". A ``publish_batch`` that got ``k`` messages confirmed before the broker went
+    away passes ``published=k``; the relay marks exactly those.
+    """
+
+    def __init__(self, message: str, *, published: int = 0) -> None:
         super().__init__(message)
         self.published = published

@@ -36,6 +36,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.operators import OperatorType
+from sqlalchemy.types import TypeEngine
 
 __all__ = ["TABLE_NAME", "OutboxRow", "UTCDateTime", "as_utc", "metadata"]
 
@@ -62,10 +64,27 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     back naive ones. Values are converted to UTC on the way in and stamped UTC on the way out, so
     comparisons and the text SQLite sorts by agree. A naive value is refused rather than guessed:
     the outbox cannot know which zone it meant.
+
+    In expressions it types like ``DateTime(timezone=True)``: ``OutboxRow.staged_at -
+    timedelta(days=1)`` binds the ``timedelta`` as an ``Interval`` and is itself a
+    ``UTCDateTime`` (so it comes back aware), and ``staged_at - claimed_at`` is an ``Interval``.
+    Only ``datetime`` operands go through this type's conversion (and its refusal of naive values).
+    SQLite has no interval type and no timestamp operators: there, as with a plain ``DateTime``
+    column, ``staged_at - timedelta(...)`` does not give back a ``datetime``. Compute the bound in
+    Python (``staged_at < now - timedelta(days=1)``) for queries that must run on both.
     """
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def coerce_compared_value(self, op: OperatorType | None, value: Any) -> TypeEngine[Any]:
+        # A TypeDecorator's default binds every operand of an expression with the decorator
+        # itself, so a timedelta reached process_bind_param as if it were a datetime. Datetimes
+        # keep this type (UTC conversion, naive values refused); anything else is typed as
+        # DateTime would type it: timedelta -> Interval, date -> Date, and so on.
+        if isinstance(value, dt.datetime):
+            return self
+        return self.impl_instance.coerce_compared_value(op, value)
 
     def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:

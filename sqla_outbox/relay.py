@@ -13,6 +13,13 @@ A pass is three short transactions with the publishing in between, outside any t
    rest of the claim is handed back at once, recording the error on the row that failed, so the
    rest is claimable immediately rather than after the lease.
 
+A publisher fails by raising anything at all: a ``BaseException`` such as an
+``asyncio.CancelledError`` escaping a client is a failed publish like any ``Exception``. Only
+``KeyboardInterrupt`` and ``SystemExit`` are passed on, after the pass marks what went out and
+hands the rest back. The loops of ``start()`` and ``run()`` outlive every other error as well,
+logging it and retrying with capped backoff; :meth:`Relay.is_alive` says whether one is running
+and reaching the database (:mod:`sqla_outbox.liveness`).
+
 A loop working through a backlog (``drain()``, ``start()``, ``run()``) defers the mark of a
 claim it published in full to the claim that follows at once: on PostgreSQL both travel in one
 statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), on SQLite in one transaction. A
@@ -46,23 +53,24 @@ from dataclasses import dataclass
 from functools import partial
 from operator import itemgetter
 from types import FrameType
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
-import sqlalchemy as sa
 from sqlalchemy import Connection, CursorResult, Engine, Executable
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import driver_sql, queries
-from sqla_outbox.engines import create_engine, hide_password
+from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError, PublishError
 from sqla_outbox.listener import NotificationListener, can_listen
-from sqla_outbox.logs import log_event
+from sqla_outbox.liveness import Liveness, liveness_bound
+from sqla_outbox.logs import log_event, logfmt
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import as_utc
 from sqla_outbox.notify import subscribe, unsubscribe
+from sqla_outbox.preflight import RELAY_PRIVILEGES, check_outbox_table, engine_from_url, relay_bind
 from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
-from sqla_outbox.schema_errors import missing_table_error, raise_if_missing_table
+from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CLAIM_LEASE,
@@ -78,6 +86,16 @@ log = logging.getLogger("sqla_outbox.relay")
 
 MAX_BACKOFF = 10.0
 """Seconds, the longest the loop waits before retrying after a database error or failed publish."""
+
+_ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
+"""What a publisher may raise that is not a failed publish but a request to stop.
+
+Every other ``BaseException`` is a failed publish like any ``Exception``: an
+``asyncio.CancelledError`` escaping a client's event loop (or ``GeneratorExit``) says that message
+did not go out, not that the relay should end. These two still end the caller (``tick()``,
+``drain()``, ``run()``, the thread of ``start()``), after the pass marks what went out and hands
+the rest back with nothing recorded against the row, as a graceful stop does.
+"""
 
 _MAX_RELAY_ID = 200  # leaves room for ":<token>" in the 255-character claimed_by column
 
@@ -144,7 +162,17 @@ def _slice(first: OutboxMessage, last: OutboxMessage, prefix: str = "") -> dict[
     }
 
 
-def _relay_engine(bind: Engine | str | URL) -> Engine:
+def _describe(error: BaseException) -> str:
+    """``Type: message``, or just ``Type`` for an error without one (``CancelledError()``)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _relay_engine(bind: object) -> Engine:
+    # Refused before any connection, as ConfigurationError: a malformed URL, a database other
+    # than PostgreSQL or SQLite, a driver that is not installed or is asyncio-only. An
+    # AsyncEngine on psycopg 3 or aiosqlite becomes its synchronous twin's URL (preflight docs).
+    bind = relay_bind(bind)
     if isinstance(bind, Engine):
         url = bind.url
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
@@ -152,15 +180,7 @@ def _relay_engine(bind: Engine | str | URL) -> Engine:
         # A claim on SQLite must hold the write lock from its first statement (BEGIN
         # IMMEDIATE); rather than add listeners to the caller's engine, use one of our own.
         bind = url
-    if isinstance(bind, (str, URL)):
-        try:
-            return create_engine(bind, immediate=True, utc=True)
-        except (sa.exc.ArgumentError, ValueError) as error:
-            raise ConfigurationError(
-                f"bind {hide_password(bind)!r} is not a usable database URL ({error}). "
-                "Pass an Engine or a URL such as postgresql+psycopg://user@host/db."
-            ) from error
-    raise ConfigurationError(f"bind must be an Engine or a database URL, got {bind!r}.")
+    return engine_from_url(bind, immediate=True, utc=True)
 
 
 def _resolve_relay_id(relay_id: str | None) -> str:
@@ -190,6 +210,12 @@ class Relay:
     :param relay_id: readable id, shown in ``claimed_by`` and logs; default ``relay-<uuid4>``.
     :param poll_only: do not LISTEN for commit notifications on PostgreSQL (needed behind
         PgBouncer in transaction pooling mode); rely on ``poll_interval`` alone.
+
+    .. attribute:: max_backoff
+
+        Seconds, the longest the loop waits before retrying after a database error or a failed
+        publish (default :data:`MAX_BACKOFF`). It is part of :attr:`liveness_bound`; set it
+        before :meth:`start`.
     """
 
     def __init__(
@@ -226,7 +252,12 @@ class Relay:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.max_backoff = MAX_BACKOFF
+        self._liveness = Liveness()
         self.poll_only = poll_only or not can_listen(self.engine)
+        self._listener = (
+            None if self.poll_only else NotificationListener(self.engine, self.wake, self.relay_id)
+        )
         # Single statements run in autocommit on PostgreSQL: a claim or a mark is one round trip
         # instead of BEGIN + statement + COMMIT, and is atomic on its own.
         self._autocommit = (
@@ -299,11 +330,28 @@ class Relay:
             if not messages:
                 return PassResult()
             published, failure = self._publish_in_order(messages, interruptible)
+            if failure is not None and isinstance(failure[1], _ENDS_PROCESS):
+                self._settle_and_raise(token, messages, published, failure[1])
             if defer_mark and failure is None and not self._stopping.is_set():
                 self._unmarked = _Published(token, messages[0], messages[-1], published)
             else:
                 self._settle(token, messages, published, failure)
             return PassResult(len(messages), published, failure is not None)
+
+    def _settle_and_raise(
+        self, token: str, messages: list[OutboxMessage], published: int, error: BaseException
+    ) -> NoReturn:
+        """Settle a pass a publisher ended with ``KeyboardInterrupt``/``SystemExit``, then raise it.
+
+        Settled as a graceful stop: the message in flight is not to blame, so nothing is recorded
+        on its row. A database error while settling is logged, not raised in its place: the
+        request to stop is what the caller must see (the rows wait out the lease instead).
+        """
+        try:
+            self._settle(token, messages, published, None)
+        except Exception:
+            log.exception("relay %s could not settle its claim before stopping", self.relay_id)
+        raise error
 
     def _end_passes(self, *, quiet: bool) -> None:
         """Write a deferred mark, if any, and let go of the connection held between passes.
@@ -424,7 +472,7 @@ class Relay:
                 return 0, None
             try:
                 self._publish_batch(messages)
-            except Exception as error:
+            except BaseException as error:  # all of them: see _ENDS_PROCESS
                 # Only a PublishError says how many went out; anything else counts as none, so
                 # the worst case is a re-publish (at least once), never a lost message.
                 confirmed = error.published if isinstance(error, PublishError) else 0
@@ -437,7 +485,7 @@ class Relay:
                 break  # a graceful stop: mark what went out, hand back the rest
             try:
                 self._publish(message)
-            except Exception as error:
+            except BaseException as error:  # all of them: see _ENDS_PROCESS
                 return published, (message, error)
             published += 1
         return published, None
@@ -460,7 +508,7 @@ class Relay:
                 params = {
                     "token": token,
                     "failed_id": failed.id if failed else None,
-                    "error": f"{type(error).__name__}: {error}"[:2000] if error else None,
+                    "error": _describe(error)[:2000] if error else None,
                     **_slice(messages[published], messages[-1]),
                 }
                 released = self._execute(conn, self._release, params).rowcount
@@ -477,7 +525,7 @@ class Relay:
                 id=message.id,
                 published=published,
                 remaining=remaining,
-                error=f"{type(error).__name__}: {error}",
+                error=_describe(error),
             )
 
     def _log_lost_claim(self, token: str, action: str, *, expected: int, touched: int) -> None:
@@ -511,9 +559,11 @@ class Relay:
                 except BaseException:
                     self._drop_held()
                     raise
+                self._liveness.reached_database()
                 return
             with self.engine.begin() as conn:
                 yield conn
+            self._liveness.reached_database()
 
     def _drop_held(self) -> None:
         held, self._held = self._held, None
@@ -531,14 +581,14 @@ class Relay:
             return int(conn.execute(queries.pending_stmt()).scalar_one())
 
     def check(self) -> None:
-        """Raise :class:`MissingTableError` (with the fix) unless the outbox table exists.
+        """Raise :class:`MissingTableError` unless the outbox table exists, and on PostgreSQL
+        :class:`MissingPrivilegeError` unless this role may SELECT and UPDATE it; each says the
+        fix. One statement; run it before :meth:`run` or :meth:`start` to fail fast.
 
         Also raises SQLAlchemy's ``OperationalError`` when the database cannot be reached.
         """
-        table = queries.outbox_table
         with self.engine.connect() as conn:
-            if not sa.inspect(conn).has_table(table.name, schema=table.schema):
-                raise missing_table_error(conn)
+            check_outbox_table(conn, RELAY_PRIVILEGES, needed_by="the relay")
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -593,24 +643,56 @@ class Relay:
         """Start the next pass now instead of after ``poll_interval``."""
         self._wake.set()
 
+    def is_alive(self) -> bool:
+        """True while the loop of :meth:`start` or :meth:`run` runs and has reached the database
+        within the last :attr:`liveness_bound` seconds.
+
+        The bound is ``claim_lease + max(poll_interval, max_backoff)``, 40 s by default: an idle
+        loop reaches the database every ``poll_interval``, a pass publishes for at most
+        ``claim_lease`` between two statements, a loop whose broker is down still claims and
+        hands back every ``max_backoff`` at most, and the rest is room for slow statements, so a
+        healthy relay never flaps. A loop in database-error backoff reaches nothing and turns
+        false once the bound has passed since its last completed statement; true again after
+        its next one. False before the first statement of a loop completes, after :meth:`stop`,
+        after a ``KeyboardInterrupt``/``SystemExit`` ended the loop, and during
+        ``run(once=True)``, which is a drain, not a loop. See :mod:`sqla_outbox.liveness`.
+
+        Cheap and thread-safe (no I/O, no lock): what a ``/healthz`` endpoint calls.
+        """
+        return self._liveness.alive(self.liveness_bound)
+
+    @property
+    def liveness_bound(self) -> float:
+        """Seconds without reaching the database after which :meth:`is_alive` turns false."""
+        return liveness_bound(
+            self.claim_lease.total_seconds(), self.poll_interval, self.max_backoff
+        )
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log_event(log, logging.INFO, "relay.stopping", relay=self.relay_id, signal=signum)
         self._stopping.set()
         self._wake.set()
 
     def _loop(self) -> None:
-        listener = None
-        if not self.poll_only:
-            listener = NotificationListener(self.engine, self.wake, self.relay_id)
-            listener.start()
-        subscribe(self)
+        self._liveness.loop_started()
         try:
-            self._passes()
+            if self._listener is not None:
+                self._listener.start()
+            subscribe(self)
+            try:
+                self._passes()
+            except _ENDS_PROCESS as error:
+                log_event(
+                    log, logging.ERROR, "relay.aborted", relay=self.relay_id, error=_describe(error)
+                )
+                raise
+            finally:
+                unsubscribe(self)
+                self._end_passes(quiet=True)
+                if self._listener is not None:
+                    self._listener.stop()
         finally:
-            unsubscribe(self)
-            self._end_passes(quiet=True)
-            if listener is not None:
-                listener.stop()
+            self._liveness.loop_ended()
 
     def _passes(self) -> None:
         log_event(
@@ -639,13 +721,17 @@ class Relay:
                     retry_in=round(backoff, 3),
                     error=f"{type(error).__name__}: {error}".splitlines()[0],
                 )
-            except Exception:
-                log.exception("unexpected error in relay %s; retrying", self.relay_id)
+            except _ENDS_PROCESS:
+                raise
+            except BaseException as error:
+                # A bug, or a BaseException from an event hook or a driver: the loop must not
+                # end silently over it, leaving committed rows unpublished until a restart.
+                self._log_unexpected(error, backoff)
             if result is None or result.failed:
                 # A database error or a failed publish (a broker that is down): retry with
                 # capped backoff rather than hammer it, and the log, every poll_interval.
                 self._stopping.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                backoff = min(backoff * 2, self.max_backoff)
                 continue
             backoff = self.poll_interval
             if result.claimed:
@@ -655,6 +741,16 @@ class Relay:
             self._wake.wait(self.poll_interval)
             self._wake.clear()
         log_event(log, logging.INFO, "relay.stopped", relay=self.relay_id)
+
+    def _log_unexpected(self, error: BaseException, retry_in: float) -> None:
+        # log_event's line, with the traceback: an unexpected error is a bug to be found.
+        fields = {"relay": self.relay_id, "retry_in": round(retry_in, 3), "error": _describe(error)}
+        log.error(
+            "event=relay.unexpected_error %s",
+            logfmt(fields),
+            exc_info=error,
+            extra={"outbox_event": "relay.unexpected_error", "outbox_fields": fields},
+        )
 
     def close(self) -> None:
         """Close the publisher (if it has ``close()``) and the engine the relay created itself.

@@ -2,7 +2,9 @@
 
 A missing table is the one database error a new user is certain to meet (the migration was not
 run), and the driver's wording ("relation does not exist", "no such table") names neither the
-cause nor the fix.
+cause nor the fix. A role without the privileges it needs is the second; start-up checks it
+(:mod:`sqla_outbox.preflight`), and :func:`is_permission_denied` recognises it afterwards, when
+a grant is revoked from a running relay.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import MissingTableError
 from sqla_outbox.model import OutboxRow
 
-__all__ = ["is_missing_table", "missing_table_error", "raise_if_missing_table"]
+__all__ = [
+    "is_missing_table",
+    "is_permission_denied",
+    "missing_table_error",
+    "raise_if_missing_table",
+]
 
 _UNDEFINED_TABLE = "42P01"  # PostgreSQL's SQLSTATE for an undefined table
+_INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def is_missing_table(error: DBAPIError) -> bool:
@@ -27,6 +35,11 @@ def is_missing_table(error: DBAPIError) -> bool:
     if getattr(error.orig, "sqlstate", None) == _UNDEFINED_TABLE:
         return True
     return "no such table" in str(error.orig)
+
+
+def is_permission_denied(error: DBAPIError) -> bool:
+    """True if the driver error says the role lacks a privilege (PostgreSQL's SQLSTATE 42501)."""
+    return getattr(error.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE
 
 
 def missing_table_error(bind: Connection | Engine) -> MissingTableError:

@@ -1,18 +1,29 @@
-"""Staging: ``enqueue`` a job into the caller's transaction, insert it when that commits.
+"""Staging: ``enqueue`` a job into the caller's transaction, insert it just before COMMIT.
 
 How it works, and the traps it closes:
 
 * ``enqueue`` validates its arguments, builds an :class:`OutboxMessage` and appends it to a list
   in ``session.info``, tagged with the transaction it was staged in: the innermost open
   SAVEPOINT (``begin_nested()``) or else the root transaction (begun here if the session has
-  none yet, exactly as ``session.add`` would autobegin it). Nothing touches the database yet.
-* When the **root** transaction commits, ``before_commit`` inserts every surviving message
-  through the session's own connection, inside the committing transaction, in **one**
+  none yet, exactly as ``session.add`` would autobegin it).
+* The list is tied to the session's database connection for the outbox table, and the rows are
+  inserted by that connection's ``commit`` event: after the session's last flush, immediately
+  before the ``COMMIT`` statement, through the same connection and transaction, in **one**
   ``executemany`` statement. The rows therefore commit with the business rows or not at all.
-* ``before_commit`` also fires when a SAVEPOINT is released. A release inserts nothing: its
-  messages simply stay staged and now belong to whatever encloses the savepoint.
+* Because the write waits for the ``COMMIT`` itself, everything staged before it is written:
+  enqueues from ``before_flush``/``after_flush``/``after_flush_postexec`` hooks (the "domain
+  events from flush hooks" pattern, including the flushes ``commit()`` runs itself) and from the
+  application's own ``before_commit`` listeners, whatever order listeners were registered in.
+  A session-level ``before_commit`` listener would not do: ``Session.commit()`` flushes *after*
+  firing it, so a flush hook's enqueue would come too late.
+* Too late means after that last flush: once the transaction is committing or committed
+  (``after_commit`` listeners, a connection-level ``commit`` listener) ``enqueue`` raises
+  :class:`~sqla_outbox.errors.StagingError` rather than return and drop the job. In an
+  ``after_transaction_end`` listener the session has no transaction any more, so ``enqueue``
+  starts the next one, as ``session.add`` would.
 * A rolled-back SAVEPOINT drops the messages staged inside it *and* inside any savepoint that
   was released into it, because a message's transaction keeps its parent chain after it ends.
+  A released one keeps them: they belong to the enclosing transaction.
 * A rollback, a failed commit or ``close()`` of the root transaction drops everything; the
   session can be used again at once.
 * After the root commit, relays running in this process are woken at once
@@ -21,6 +32,14 @@ How it works, and the traps it closes:
   ``Session``, ``sessionmaker``, ``scoped_session`` and ``AsyncSession`` (whose sync session is a
   ``Session``) is covered without an install step. A session that never enqueues pays one dict
   lookup per transaction event.
+* A session joined to an external transaction (``Session(bind=connection)``, the test-suite
+  pattern) does not commit that connection; its messages are written when the external
+  transaction commits, and vanish with it if it rolls back.
+
+A plain ``Session`` attaches the list to its connection at the first ``enqueue`` (checking the
+connection out, as the first flush would). An ``AsyncSession`` cannot do I/O inside the
+synchronous ``enqueue`` call, so it attaches in ``before_commit``, which runs inside
+``await session.commit()``; enqueues made later in the commit (flush hooks) attach at once.
 
 A Core ``Connection`` has no commit hook to defer to; ``enqueue`` inserts at once on the
 connection's current transaction, which is the same guarantee.
@@ -30,11 +49,12 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, event
+from sqlalchemy import Connection, Dialect, Engine, event
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from sqla_outbox import driver_sql
@@ -59,23 +79,82 @@ class _Entry:
 
 @dataclass(slots=True)
 class _Staging:
-    """What one session has staged in its current root transaction."""
+    """What one session has staged in its current root transaction.
+
+    Once attached, the connection's entry in ``_attached`` holds it too: the write happens at
+    that connection's COMMIT, which for a session joined to an external transaction is after the
+    session itself is done.
+    """
 
     staged_at: dt.datetime
     entries: list[_Entry] = field(default_factory=list)
-    # The savepoint that was innermost at the last before_commit; see _before_commit.
-    pending_release: SessionTransaction | None = None
-    # Rows were inserted in this transaction: wake this process's relays once it commits.
+    # The connection whose COMMIT writes the entries; None until attached.
+    connection: Connection | None = None
+    # The entries were inserted: wake this process's relays once the root commits.
     inserted: bool = False
+    # The session's root transaction committed; what is still unwritten waits for the
+    # external transaction it joined.
+    committed: bool = False
+
+    def attach(self, session: Session) -> None:
+        """Have the outbox table's connection of ``session`` write the entries at its COMMIT."""
+        if self.connection is not None:
+            return
+        connection = session.connection(bind_arguments={"mapper": OutboxRow})
+        _listen_on(connection.engine)
+        _attached.setdefault(connection, []).append(self)
+        self.connection = connection
+
+    def write(self, connection: Connection) -> None:
+        """Insert every surviving entry on ``connection``, in one statement."""
+        if not self.entries:
+            return
+        _insert(connection, [entry.message for entry in self.entries])
+        # From here the rows' fate is the transaction's: if the COMMIT still fails, the rollback
+        # takes the rows, and the caller retries the whole unit of work, messages included.
+        self.entries.clear()
+        self.inserted = True
 
 
-def _resolve(session: Any) -> Session | Connection:
-    """The sync ``Session`` (or Core ``Connection``) behind whatever the caller holds."""
+# What each connection writes at its COMMIT (or drops at its ROLLBACK): the stagings attached to
+# it, oldest first. Weak, so a connection that is closed and dropped takes its entry with it.
+# One listener per engine rather than per connection: adding an event listener costs about as
+# much as the rest of an enqueue, and a connection is made per transaction.
+_attached: weakref.WeakKeyDictionary[Connection, list[_Staging]] = weakref.WeakKeyDictionary()
+_listening: weakref.WeakSet[Engine] = weakref.WeakSet()
+_listening_lock = threading.Lock()
+
+
+def _listen_on(engine: Engine) -> None:
+    if engine in _listening:
+        return
+    with _listening_lock:
+        if engine not in _listening:
+            event.listen(engine, "commit", _write_attached)
+            # A two-phase commit sends PREPARE TRANSACTION first and fires no plain "commit".
+            event.listen(engine, "prepare_twophase", _write_attached)
+            event.listen(engine, "rollback", _drop_attached)
+            _listening.add(engine)
+
+
+def _write_attached(connection: Connection, *_xid: Any) -> None:
+    for staging in _attached.pop(connection, ()):
+        staging.write(connection)
+
+
+def _drop_attached(connection: Connection) -> None:
+    for staging in _attached.pop(connection, ()):
+        staging.entries.clear()
+
+
+def _resolve(session: Any) -> tuple[Session | Connection, bool]:
+    """The sync ``Session`` (or Core ``Connection``) behind whatever the caller holds, and
+    whether it came from an ``AsyncSession`` (which cannot do I/O inside ``enqueue``)."""
     if isinstance(session, (Session, Connection)):
-        return session
+        return session, False
     if isinstance(session, scoped_session):
         resolved: Session = session()
-        return resolved
+        return resolved, False
     # Only an application that imported SQLAlchemy's asyncio extension can hold an
     # AsyncSession, so plain-sync users never import it (nor greenlet) through us.
     asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
@@ -84,7 +163,7 @@ def _resolve(session: Any) -> Session | Connection:
             session = session()
         if isinstance(session, asyncio_ext.AsyncSession):
             sync: Session = session.sync_session
-            return sync
+            return sync, True
         if isinstance(session, asyncio_ext.AsyncConnection):
             raise ArgumentTypeError(
                 "enqueue cannot insert through an AsyncConnection without awaiting. Use an "
@@ -98,6 +177,13 @@ def _resolve(session: Any) -> Session | Connection:
 def _root_transaction(session: Session) -> SessionTransaction:
     transaction = session.get_transaction()
     if transaction is not None:
+        if not transaction.is_active:
+            raise StagingError(
+                "enqueue was called after this session's transaction stopped taking work (it is "
+                "committing, committed, or a failed flush left it needing rollback()), so the "
+                "message could not be written with it. Enqueue before commit() (before_commit "
+                "listeners and flush hooks are in time), or in the next transaction."
+            )
         return transaction
     if not session.autobegin:
         raise StagingError(
@@ -124,10 +210,13 @@ def enqueue(
 
     Returns the staged message (its ``id`` and ``idempotency_key`` are final). Every argument is
     checked here, so a bad call raises at this line and stages nothing: ``TypeError`` for input
-    that is not JSON or arguments of the wrong type, ``ValueError`` for bad values (a naive
-    ``run_at``, an empty job name). See the module documentation for savepoints and rollbacks.
+    that is not JSON or arguments of the wrong type, ``ValueError`` for values the table or the
+    database would refuse. ``input`` is copied here, so changing the caller's object afterwards
+    changes nothing that is written. Calling it from flush hooks and ``before_commit`` listeners
+    is fine; from ``after_commit`` it raises :class:`StagingError`. See the module documentation
+    for savepoints and rollbacks.
     """
-    target = _resolve(session)
+    target, is_async = _resolve(session)
     options: dict[str, Any] = {
         "queue": queue,
         "run_at": run_at,
@@ -151,17 +240,20 @@ def enqueue(
     # Begun only once the call is known to be good, so a refused call leaves the session as is.
     root = _root_transaction(target)
     if staging is None:
-        staging = target.info[_INFO_KEY] = _Staging(staged_at)
+        staging = _Staging(staged_at)
+    if not is_async:
+        staging.attach(target)  # before staging: a failed checkout stages nothing
+    target.info[_INFO_KEY] = staging
     staging.entries.append(_Entry(message, target.get_nested_transaction() or root))
     return message
 
 
 def staged(session: Any) -> tuple[OutboxMessage, ...]:
-    """The messages ``session`` has staged and not yet committed, in enqueue order.
+    """The messages ``session`` has staged and not yet written, in enqueue order.
 
     Empty after a commit, a rollback or a ``close()``; a rolled-back savepoint removes its own.
     """
-    target = _resolve(session)
+    target, _ = _resolve(session)
     if isinstance(target, Connection):
         return ()
     staging: _Staging | None = target.info.get(_INFO_KEY)
@@ -197,51 +289,36 @@ def _insert(connection: Connection, messages: list[OutboxMessage]) -> None:
         connection.exec_driver_sql(stage.sql, rows)
 
 
-def _insert_staged(session: Session, staging: _Staging) -> None:
-    messages = [entry.message for entry in staging.entries]
-    _insert(session.connection(bind_arguments={"mapper": OutboxRow}), messages)
-    # From here the rows' fate is the transaction's: if the commit still fails, the rollback
-    # takes the rows, and the caller retries the whole unit of work, messages included.
-    staging.entries.clear()
-    staging.inserted = True
+@event.listens_for(Session, "before_commit")
+def _before_commit(session: Session) -> None:
+    # An AsyncSession's enqueues are attached here, inside the awaited commit, where I/O works.
+    staging: _Staging | None = session.info.get(_INFO_KEY)
+    if staging is not None and staging.entries:
+        staging.attach(session)
 
 
 @event.listens_for(Session, "after_commit")
 def _after_commit(session: Session) -> None:
     staging: _Staging | None = session.info.get(_INFO_KEY)
     # after_commit also fires when a savepoint is released; only the root's commit counts.
-    if staging is not None and staging.inserted and session.get_nested_transaction() is None:
-        wake_local()
-
-
-@event.listens_for(Session, "before_commit")
-def _before_commit(session: Session) -> None:
-    staging: _Staging | None = session.info.get(_INFO_KEY)
-    if not staging or not staging.entries:
+    if staging is None or session.get_nested_transaction() is not None:
         return
-    savepoint = session.get_nested_transaction()
-    if savepoint is None:
-        _insert_staged(session, staging)
-    elif staging.pending_release is savepoint:
-        # A second before_commit with the same savepoint innermost and not yet ended: the first
-        # one was the ROOT committing while the savepoint was still open (it commits open
-        # savepoints after firing its own before_commit). Insert now, inside the savepoint that
-        # is about to be released with everything else, or these messages would be lost.
-        _insert_staged(session, staging)
-    else:
-        # Most likely this savepoint's own release; nothing to write until the root commits.
-        staging.pending_release = savepoint
+    # If the entries are still unwritten, the session joined a transaction it does not own:
+    # they wait for that transaction's COMMIT, and go if it rolls back.
+    staging.committed = True
+    if staging.inserted:
+        wake_local()
 
 
 @event.listens_for(Session, "after_transaction_end")
 def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
-    staging: _Staging | None = session.info.get(_INFO_KEY)
-    if staging is None:
+    if transaction.parent is not None:
         return
-    if transaction is staging.pending_release:
-        staging.pending_release = None
-    if transaction.parent is None:
-        del session.info[_INFO_KEY]
+    staging: _Staging | None = session.info.pop(_INFO_KEY, None)
+    if staging is not None and not staging.committed:
+        # Rolled back, closed or failed: the attached connection must not write these later
+        # (it may outlive the session when the session joined an external transaction).
+        staging.entries.clear()
 
 
 @event.listens_for(Session, "after_soft_rollback")
@@ -254,7 +331,7 @@ def _after_soft_rollback(session: Session, previous_transaction: SessionTransact
     boundary = previous_transaction
     while boundary.parent is not None and not boundary.nested:
         boundary = boundary.parent
-    staging.entries = [e for e in staging.entries if not _inside(e.owner, boundary)]
+    staging.entries[:] = [e for e in staging.entries if not _inside(e.owner, boundary)]
 
 
 def _inside(transaction: SessionTransaction, ancestor: SessionTransaction) -> bool:

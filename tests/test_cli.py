@@ -33,6 +33,7 @@ import sqla_outbox as outbox
 from sqla_outbox.cli import main
 from sqla_outbox.errors import PublisherError
 from sqla_outbox.publishers.loader import resolve_publisher
+from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.publishers.stdout import StdoutPublisher
 
 HELPERS = "tests.publishers_for_tests"
@@ -239,6 +240,88 @@ def test_unreachable_database_is_one_sentence_with_the_password_hidden(command: 
     assert "secret" not in result.stdout + result.stderr
 
 
+MALFORMED_URLS = [
+    ("postgresql+psycopg://app:hunter2@db:abc/shop", "its port must be a whole number"),
+    ("postgresql+psycopg://app:hunter2@db:/shop", "its port must be a whole number"),
+    ("postgresql+psycopg://app:hunter2@[::1/shop", "its port must be a whole number"),
+    ("postgresql+psycopg://app:hunter2@db:0/shop", "has the port 0, which is not from 1"),
+    ("postgresql+psycopg://app:hun@ter2@db/shop", "write it as %40"),
+    ("postgres://app:hunter2@db/shop", "write postgresql+psycopg:// instead"),
+    ("foo://x", "is for 'foo', which sqla-outbox does not support"),
+    ("mysql://root:hunter2@127.0.0.1:3306/shop", "is for 'mysql', which sqla-outbox does not"),
+    ("mssql+pyodbc://app:hunter2@db/shop", "is for 'mssql', which sqla-outbox does not"),
+    ("redis://localhost:6379/0", "is for 'redis', which sqla-outbox does not"),
+    ("postgresql+nosuch://app:hunter2@db/shop", "names the driver 'nosuch'"),
+    ("postgresql+psycopg2cffi://app:hunter2@db/shop", "needs the driver module 'psycopg2cffi'"),
+    ("postgresql+asyncpg://app:hunter2@db/shop", "'postgresql+psycopg://app:***@db/shop' instead"),
+    ("sqlite+aiosqlite://", "is an in-memory SQLite database behind an asyncio driver"),
+    ("garbage", "'garbage' is not a database URL"),
+    ("://", "is not a database URL"),
+    ("app:hunter2@db/shop", "'<unparseable database URL>' is not a database URL"),
+    ("  ", "is not a database URL"),
+]
+
+
+@pytest.mark.parametrize("command", ["relay", "status"])
+@pytest.mark.parametrize(("url", "expected"), MALFORMED_URLS)
+def test_malformed_urls_are_one_usage_error_without_the_password(
+    command: str, url: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every malformed --url (bad or empty port, an unescaped '@', an unknown or unsupported
+    dialect, an unknown, missing or asyncio-only driver, garbage) is a usage error before
+    anything connects: exit 2, exactly one `Error: --url '<url>' ...` line with the password
+    hidden, no traceback."""
+    args = [command, "--url", url]
+    if command == "relay":
+        args += ["--publisher", "stdout", "--once"]
+
+    code = main(args)
+
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" not in captured.err
+    [line] = error_lines(captured.err)
+    assert line.startswith("Error: --url '")
+    assert expected in line
+    assert "ter2" not in captured.out + captured.err
+    assert captured.out == ""
+
+
+def test_url_from_the_environment_is_named_as_such() -> None:
+    """A malformed URL read from SQLA_OUTBOX_URL says so, so the operator looks in the
+    deployment's environment; run as a real process, it prints no traceback."""
+    result = run_cli("status", url="postgresql+psycopg://app:hunter2@db:abc/shop")
+
+    assert result.returncode == 2
+    line = assert_one_clean_error(result)
+    assert line.startswith(
+        "Error: --url (from SQLA_OUTBOX_URL) 'postgresql+psycopg://app:***@db:abc/shop' is not "
+        "a database URL"
+    )
+    assert "hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["relay", "status"])
+def test_mariadb_is_refused_before_connecting(command: str) -> None:
+    """Against the MariaDB server on 127.0.0.1:3306, with no MySQL driver installed, `relay` and
+    `status` refuse the URL from its dialect alone: exit 2, one sentence listing PostgreSQL and
+    SQLite, not a complaint about the missing driver and not a connection error."""
+    result = run_cli(
+        command,
+        "--once" if command == "relay" else "--json",
+        url="mysql://root@127.0.0.1:3306/mysql",
+        publisher="stdout",
+    )
+
+    assert result.returncode == 2
+    line = assert_one_clean_error(result)
+    assert "'mysql://root@127.0.0.1:3306/mysql' is for 'mysql'" in line
+    assert "it supports PostgreSQL (through psycopg 3" in line
+    assert "SQLite" in line
+    assert "driver module" not in line
+    assert "Cannot connect" not in line
+
+
 def test_missing_url_names_the_flag_and_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -260,6 +343,25 @@ def test_help_lists_every_environment_variable(capsys: pytest.CaptureFixture[str
     out = " ".join(capsys.readouterr().out.split())
     for name in ("URL", "PUBLISHER", "BATCH_SIZE", "POLL_INTERVAL", "CLAIM_LEASE", "RELAY_ID"):
         assert f"SQLA_OUTBOX_{name}" in out
+
+
+def test_help_lists_every_publisher_form(capsys: pytest.CaptureFixture[str]) -> None:
+    """`relay --help` lists each accepted --publisher form, one per line (stdout,
+    module:attribute, celery:module:app, and every broker URL scheme the loader accepts) with
+    the extra each broker needs, and no line is wider than the 100 columns click is given."""
+    assert main(["relay", "--help"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+
+    for form in ("stdout", "module:attribute", "celery:module:app"):
+        assert any(line.strip().startswith(form) for line in lines), form
+    listed = {line.strip(): line for line in lines if line.rstrip().endswith("]")}
+    for scheme, broker in BROKERS.items():
+        form = "celery:module:app" if scheme == "celery" else f"{scheme}://"
+        [line] = [text for text in listed if f" {form}" in f" {text}"]
+        assert line.endswith(f"broker [{broker.extra}]")
+    assert 'pip install "sqla-outbox[redis]"' in out
+    assert max(len(line) for line in lines) <= 100
 
 
 # --- status ------------------------------------------------------------------------------------

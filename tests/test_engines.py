@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 
 import psycopg
+import pytest
 from sqlalchemy import URL, Engine, text
 
 import sqla_outbox as outbox
-from sqla_outbox.engines import create_engine, use_utc_sessions
+from sqla_outbox.engines import create_engine, hide_password, use_utc_sessions
 
 
 def test_utc_sessions_on_postgresql(pg_url: URL) -> None:
@@ -50,3 +51,34 @@ def test_utc_sessions_are_a_no_op_on_sqlite(sqlite_engine: Engine) -> None:
     assert use_utc_sessions(sqlite_engine) is sqlite_engine
     with sqlite_engine.connect() as conn:
         assert conn.execute(outbox.queries.pending_stmt()).scalar_one() == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql+psycopg://app:hunter2@db/shop", "postgresql+psycopg://app:***@db/shop"),
+        ("postgresql+psycopg://app:hun@ter2@db/shop", "postgresql+psycopg://app:***@db/shop"),
+        (
+            "postgresql+psycopg://app:hunter2@db:abc/shop",
+            "postgresql+psycopg://app:***@db:abc/shop",
+        ),
+        ("postgresql://app:hun@ter2@db:abc/shop", "postgresql://app:***@db:abc/shop"),
+        ("postgresql://app@db:abc/shop", "postgresql://app@db:abc/shop"),
+        (
+            "postgresql+psycopg://app@db/shop?password=hunter2&sslmode=require",
+            "postgresql+psycopg://app@db/shop?password=***&sslmode=require",
+        ),
+        ("app:hunter2@db/shop", "<unparseable database URL>"),
+        ("garbage", "garbage"),
+        ("sqlite:///path/to/app.db", "sqlite:///path/to/app.db"),
+        (
+            URL.create("postgresql+psycopg", "app", "hunter2", "db"),
+            "postgresql+psycopg://app:***@db",
+        ),
+    ],
+)
+def test_hide_password_never_shows_it(url: str | URL, shown: str) -> None:
+    """Errors and logs show a database URL with the password replaced by ``***``, including a
+    password with an unescaped '@' (SQLAlchemy would show its tail as the host), one in the
+    query string, and one in a URL SQLAlchemy cannot parse; the rest stays readable."""
+    assert hide_password(url) == shown

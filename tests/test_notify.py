@@ -6,17 +6,21 @@ delivered by a wake-up, not by the polling sweep.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import QueuePool
+from support import wait_until
 
 import alembic_ext  # noqa: F401 - registers the ops
 import sqla_outbox as outbox
@@ -138,3 +142,136 @@ def test_create_and_drop_op_manage_trigger_and_function(pg_url: URL) -> None:
             assert functions == 0
     finally:
         engine.dispose()
+
+
+def listen_rows(engine: Engine) -> list[tuple[int, str]]:
+    """``(pid, application_name)`` of each session of this database that sits in LISTEN."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT pid, application_name FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+            )
+        )
+        return [(pid, name) for pid, name in rows]
+
+
+def test_the_listen_connection_is_made_by_the_engine_and_holds_no_pool_slot(
+    pg_url: URL, pg_engine: Engine
+) -> None:
+    """The LISTEN connection comes from the relay's engine: its connect_args (application_name)
+    and do_connect hook apply. It leaves the pool at once: while listening the pool has every
+    slot but the relay's own, and after stop() nothing is checked out or overflowing."""
+    engine = outbox.create_engine(
+        pg_url,
+        connect_args={"application_name": "outbox-ear"},
+        pool_size=1,
+        max_overflow=1,
+        pool_timeout=WAIT,  # a leaked slot makes a checkout below fail after this, not hang
+    )
+    seen: list[dict[str, object]] = []
+
+    @event.listens_for(engine, "do_connect")
+    def hook(_dialect: object, _record: object, _cargs: object, cparams: dict[str, Any]) -> None:
+        seen.append(dict(cparams))
+        cparams["application_name"] += "+hooked"
+
+    pool = engine.pool
+    assert isinstance(pool, QueuePool)
+    relay = outbox.Relay(engine, Waiter(1), poll_interval=SLOW_POLL)
+    try:
+        relay.start()
+        try:
+            wait_until(relay.is_alive, "the relay to reach the database")
+            wait_until(lambda: bool(listen_rows(pg_engine)), "the LISTEN connection")
+            assert [name for _, name in listen_rows(pg_engine)] == ["outbox-ear+hooked"]
+            assert seen and all(c["application_name"] == "outbox-ear" for c in seen)
+            # The relay holds one connection between passes; the listener none.
+            assert pool.checkedout() == 1
+            with engine.connect() as conn:  # the second (overflow) slot is free
+                conn.execute(text("SELECT 1"))
+        finally:
+            relay.stop()
+        assert not listen_rows(pg_engine)
+        assert pool.checkedout() == 0 and pool.overflow() <= 0
+        with engine.connect() as first, engine.connect() as second:  # both slots are free
+            first.execute(text("SELECT 1"))
+            second.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
+
+
+def test_the_listen_connection_uses_the_engines_creator(pg_url: URL, pg_engine: Engine) -> None:
+    """An engine built with creator= (e.g. to fetch a token per connection) makes the LISTEN
+    connection through that function too."""
+    made: list[object] = []
+
+    def creator() -> psycopg.Connection[Any]:
+        made.append(None)
+        return psycopg.connect(libpq_dsn(pg_url), application_name="outbox-creator")
+
+    engine = outbox.create_engine("postgresql+psycopg://", creator=creator)
+    relay = outbox.Relay(engine, Waiter(1), poll_interval=SLOW_POLL)
+    relay.start()
+    try:
+        wait_until(lambda: bool(listen_rows(pg_engine)), "the LISTEN connection")
+        assert [name for _, name in listen_rows(pg_engine)] == ["outbox-creator"]
+        assert made
+    finally:
+        relay.stop()
+        engine.dispose()
+
+
+def test_reconnect_backoff_resets_after_a_healthy_period(
+    pg_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each drop of the LISTEN connection doubles the wait before reconnecting (0.25, 0.5, 1,
+    2 s); a connection that then stays up for the healthy period resets it, so the next drop is
+    retried after 0.25 s again, not 4 s (nor, later, 30 s). With polling at a minute, only the
+    reconnected LISTEN can wake the relay for a commit made after that last kill."""
+    waiter = Waiter(1)
+    relay = outbox.Relay(pg_engine, waiter, poll_interval=SLOW_POLL)
+    listener = relay._listener
+    assert listener is not None
+    listener.healthy_period = 1.0  # the quick kills below come within milliseconds of a connect
+    killed: list[int] = []
+
+    def next_listen_pid() -> int:
+        found: list[int] = []
+
+        def fresh() -> bool:
+            found[:] = [pid for pid, _ in listen_rows(pg_engine) if pid not in killed]
+            return bool(found)
+
+        wait_until(fresh, "the listener to (re)connect")
+        return found[0]
+
+    def kill(pid: int) -> None:
+        with pg_engine.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        killed.append(pid)
+
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        relay.start()
+        try:
+            for _ in range(4):
+                kill(next_listen_pid())
+            pid = next_listen_pid()
+            assert listener.healthy.wait(WAIT)  # up for the healthy period: backoff reset
+            kill(pid)
+            with psycopg.connect(libpq_dsn(pg_engine.url)) as conn:  # not this process's session
+                conn.execute(
+                    "INSERT INTO outbox (id, job, queue, input, idempotency_key, max_attempts, "
+                    "run_at, staged_at) VALUES (%s, 'raw', 'default', '{}', 'k', 3, now(), now())",
+                    (uuid.uuid4(),),
+                )
+            # Without the reset the listener would sleep 4 s before reconnecting.
+            wait_until(waiter.done.is_set, "the wake-up after the last kill", timeout=2.0)
+        finally:
+            relay.stop()
+    delays = [
+        r.outbox_fields["retry_in"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "outbox_event", None) == "relay.listen_error"
+    ]
+    assert delays == [0.25, 0.5, 1.0, 2.0, 0.25]

@@ -7,21 +7,26 @@ tests decide who is where by blocking publishers, never by sleeping.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
+import signal
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import URL, Engine, event, select, text, update
+from sqlalchemy import URL, Connection, Engine, event, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-from support import MakeRelay
+from support import MakeRelay, wait_until
 
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine
+from sqla_outbox.liveness import Liveness
 from sqla_outbox.message import OutboxMessage
 
 Row = outbox.OutboxRow
@@ -659,3 +664,389 @@ def test_a_deferred_mark_is_written_when_the_next_claim_fails(
     assert published == ids[:5]
     assert published_ids(pg_engine) == set(ids[:5])
     assert make_relay(pg_engine, Gate()).tick() == 5
+
+
+# --- a publisher that raises a BaseException ---------------------------------------------------
+
+
+class Abort(BaseException):
+    """A BaseException a client library may raise (gevent's Timeout and trio's Cancelled are)."""
+
+
+class Interrupter:
+    """Records what it publishes; the first attempt at ``fail_on`` raises ``error``.
+
+    The retry of ``fail_on`` parks (``retrying`` set) until ``proceed``, so the test can look at
+    the rows while the relay is back at work. ``alive_at_failure`` is ``relay.is_alive()`` at
+    the moment of raising, once ``relay`` is set.
+    """
+
+    def __init__(self, error: BaseException, fail_on: uuid.UUID) -> None:
+        self.error = error
+        self.fail_on = fail_on
+        self.relay: outbox.Relay | None = None
+        self.published: list[uuid.UUID] = []
+        self.raised = False
+        self.alive_at_failure: bool | None = None
+        self.retrying = threading.Event()
+        self.proceed = threading.Event()
+
+    def publish(self, message: OutboxMessage) -> None:
+        self._deliver([message])
+
+    def _deliver(self, messages: Sequence[OutboxMessage]) -> None:
+        if any(m.id == self.fail_on for m in messages):
+            if not self.raised:
+                self.raised = True
+                self.alive_at_failure = self.relay is not None and self.relay.is_alive()
+                raise self.error
+            self.retrying.set()
+            assert self.proceed.wait(WAIT), "test never released the publisher"
+        self.published.extend(m.id for m in messages)
+
+
+class BatchInterrupter(Interrupter):
+    """The same, as a publish_batch publisher (the relay then never calls publish)."""
+
+    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
+        self._deliver(messages)
+
+
+class AliveWatch:
+    """Samples ``relay.is_alive()`` in a thread until :meth:`stop`, counting the false answers
+    that come after the first true one (a loop is not alive before its first statement)."""
+
+    def __init__(self, relay: outbox.Relay) -> None:
+        self.relay = relay
+        self.samples = 0
+        self.false = 0
+        self._stop = threading.Event()
+        self._thread = run_in_thread(self._sample)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            alive = self.relay.is_alive()
+            if self.samples or alive:
+                self.samples += 1
+                self.false += not alive
+            self._stop.wait(0.002)  # a sampling rate, not a synchronisation
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+
+
+@pytest.mark.parametrize("form", ["publish", "publish_batch"])
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (Abort("client torn down"), "Abort: client torn down"),
+        (asyncio.CancelledError(), "CancelledError"),
+    ],
+    ids=["custom", "cancelled"],
+)
+def test_a_base_exception_from_a_publisher_is_a_failed_publish(
+    engine: Engine, make_relay: MakeRelay, form: str, error: BaseException, recorded: str
+) -> None:
+    """A BaseException (a custom one, asyncio.CancelledError) from publish or publish_batch
+    mid-pass fails that publish like any Exception: the prefix goes out once and is marked,
+    the error is recorded on the failed row, and the started relay carries on: it retries the
+    rest and publishes a message committed afterwards, is_alive() true all along."""
+    ids = stage(engine, 5)
+    batch = form == "publish_batch"
+    publisher = (BatchInterrupter if batch else Interrupter)(error, fail_on=ids[2])
+    # In batch form the prefix is the first claim of two; per message, the first two of five.
+    relay = make_relay(engine, publisher, batch_size=2 if batch else 100, poll_interval=0.01)
+    publisher.relay = relay
+    relay.start()
+    watch = AliveWatch(relay)
+    try:
+        assert publisher.retrying.wait(WAIT)  # survived, and back at the failed message
+        assert publisher.alive_at_failure is True and relay.is_alive()
+        assert publisher.published == ids[:2]
+        assert published_ids(engine) == set(ids[:2])
+        with Session(engine) as session:
+            failed = session.get(Row, ids[2])
+            assert failed is not None and failed.published_at is None
+            assert failed.attempts == 1 and failed.last_error == recorded
+        publisher.proceed.set()
+        wait_until(lambda: published_ids(engine) == set(ids), "the rest to be published")
+        later = stage(engine, 1, job="committed-afterwards")
+        wait_until(lambda: later[0] in published_ids(engine), "the later commit")
+        assert relay.is_alive()
+    finally:
+        publisher.proceed.set()
+        watch.stop()
+    assert publisher.published == ids + later  # each exactly once, in order
+    assert watch.samples > 0 and watch.false == 0
+
+
+class Raiser:
+    """Publishes per message (``publish``) or per claim (``publish_batch``, with ``batch``)
+    and raises ``error`` at call number ``raise_at``."""
+
+    def __init__(self, error: type[BaseException], raise_at: int, *, batch: bool) -> None:
+        self.error = error
+        self.raise_at = raise_at
+        self.calls = 0
+        self.published: list[uuid.UUID] = []
+        if batch:
+            self.publish_batch = self._deliver
+
+    def publish(self, message: OutboxMessage) -> None:
+        self._deliver([message])
+
+    def _deliver(self, messages: Sequence[OutboxMessage]) -> None:
+        self.calls += 1
+        if self.calls == self.raise_at:
+            raise self.error("stop now")
+        self.published.extend(m.id for m in messages)
+
+
+def assert_handed_back_unblamed(engine: Engine, ids: Sequence[uuid.UUID]) -> None:
+    """The rows are unclaimed, unpublished, and carry no failure."""
+    with Session(engine) as session:
+        rows = session.scalars(select(Row).where(Row.id.in_(ids))).all()
+    assert len(rows) == len(ids)
+    for row in rows:
+        assert row.claimed_by is None and row.published_at is None
+        assert row.attempts == 0 and row.last_error is None
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("form", ["publish", "publish_batch"])
+def test_keyboard_interrupt_and_system_exit_from_a_publisher_propagate(
+    engine: Engine, make_relay: MakeRelay, form: str, error: type[BaseException]
+) -> None:
+    """KeyboardInterrupt and SystemExit are not failed publishes: tick()/drain() raise them,
+    after marking the published prefix and handing the rest back with nothing recorded (the
+    message in flight is not to blame). The next pass publishes the rest."""
+    ids = stage(engine, 5)
+    batch = form == "publish_batch"
+    publisher = Raiser(error, raise_at=2 if batch else 3, batch=batch)
+    relay = make_relay(engine, publisher, batch_size=2 if batch else 100)
+    with pytest.raises(error):
+        relay.drain() if batch else relay.tick()
+    assert publisher.published == ids[:2]
+    assert published_ids(engine) == set(ids[:2])
+    assert_handed_back_unblamed(engine, ids[2:])
+    assert make_relay(engine, Gate()).tick() == 3
+
+
+def test_keyboard_interrupt_from_a_publisher_ends_the_background_loop(
+    pg_engine: Engine,
+    make_relay: MakeRelay,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under start(), a publisher's KeyboardInterrupt settles the pass (prefix marked, rest
+    handed back) and ends the loop: it reaches the thread's excepthook, is logged as
+    relay.aborted, the LISTEN connection is closed, and is_alive() turns false. start() again
+    resumes where it left off."""
+    ids = stage(pg_engine, 5)
+    uncaught: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    publisher = Raiser(KeyboardInterrupt, raise_at=3, batch=False)
+    relay = make_relay(pg_engine, publisher, poll_interval=60)
+    with caplog.at_level(logging.ERROR, logger="sqla_outbox"):
+        relay.start()
+        thread = relay._thread
+        assert thread is not None
+        thread.join(WAIT)
+    assert not thread.is_alive() and not relay.is_alive()
+    assert [args.exc_type for args in uncaught] == [KeyboardInterrupt]
+    assert any("relay.aborted" in r.getMessage() for r in caplog.records)
+    assert publisher.published == ids[:2]
+    assert published_ids(pg_engine) == set(ids[:2])
+    assert_handed_back_unblamed(pg_engine, ids[2:])
+    with pg_engine.connect() as conn:
+        assert listen_connections(conn) == 0
+
+    relay.start()
+    wait_until(lambda: published_ids(pg_engine) == set(ids), "the restarted relay")
+    assert publisher.published == ids
+
+
+def listen_connections(conn: Connection) -> int:
+    """How many sessions of this database sit in LISTEN."""
+    return int(
+        conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+            )
+        ).scalar_one()
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_run_stops_gracefully_on_sigint_and_sigterm(
+    engine: Engine, make_relay: MakeRelay, signum: signal.Signals
+) -> None:
+    """run() in the main thread turns SIGINT/SIGTERM into a graceful stop, not an exception
+    (and not a failed publish): the message in flight completes, the pass marks it and hands
+    the rest back unblamed, and run() returns."""
+    ids = stage(engine, 5)
+    published: list[uuid.UUID] = []
+    relays: list[outbox.Relay] = []
+    handler_missing: list[object] = []
+
+    def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+        if len(published) == 2:
+            handler = signal.getsignal(signum)
+            if handler in (signal.SIG_DFL, signal.default_int_handler):
+                handler_missing.append(handler)  # raising it would end the test run itself
+                relays[0].stop()
+            else:
+                signal.raise_signal(signum)
+
+    relays.append(make_relay(engine, publish, poll_interval=60))
+    assert relays[0].run() == outbox.PassResult()
+    assert not handler_missing, "run() did not install its signal handler"
+    assert published == ids[:2]
+    assert published_ids(engine) == set(ids[:2])
+    assert_handed_back_unblamed(engine, ids[2:])
+    assert not relays[0].is_alive()
+
+
+def test_the_loop_outlives_an_unexpected_error_outside_publishing(
+    engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A BaseException raised outside the publisher (here by an engine event hook during a
+    claim) is logged as relay.unexpected_error with its traceback, and the loop goes on after
+    backoff: the next commit is published."""
+    publisher = Gate()
+    relay = make_relay(engine, publisher, poll_interval=0.01)
+    armed = threading.Event()
+
+    @event.listens_for(relay.engine, "before_cursor_execute")
+    def explode(_c: object, _cur: object, statement: str, *_a: object) -> None:
+        if armed.is_set() and statement.lstrip().upper().startswith("WITH"):
+            armed.clear()
+            raise Abort("hook blew up")
+
+    with caplog.at_level(logging.ERROR, logger="sqla_outbox"):
+        relay.start()
+        wait_until(relay.is_alive, "the relay to reach the database")
+        armed.set()
+        wait_until(
+            lambda: any("relay.unexpected_error" in r.getMessage() for r in caplog.records),
+            "the error to be logged",
+        )
+    [record] = [r for r in caplog.records if "relay.unexpected_error" in r.getMessage()]
+    assert "Abort: hook blew up" in record.getMessage() and record.exc_info is not None
+    ids = stage(engine, 2)
+    wait_until(lambda: published_ids(engine) == set(ids), "the next commit")
+    assert [m.id for m in publisher.published] == ids
+    assert relay.is_alive()
+
+
+# --- liveness ----------------------------------------------------------------------------------
+
+
+def test_liveness_bound_covers_a_healthy_relays_longest_silence(
+    sqlite_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """The bound is claim_lease + max(poll_interval, max_backoff): 40 s by default; Liveness
+    says alive up to the bound after the last contact, not after, and never before the first
+    contact or outside a loop."""
+    assert make_relay(sqlite_engine, print).liveness_bound == 30 + 10
+    relay = make_relay(sqlite_engine, print, poll_interval=60, claim_lease=5)
+    assert relay.liveness_bound == 5 + 60
+    now = [100.0]
+    liveness = Liveness(clock=lambda: now[0])
+    assert not liveness.alive(1.0)
+    liveness.loop_started()
+    assert not liveness.alive(1.0)  # running, but not reached the database yet
+    liveness.reached_database()
+    now[0] += 1.0
+    assert liveness.alive(1.0)
+    now[0] += 0.001
+    assert not liveness.alive(1.0)
+    liveness.reached_database()
+    assert liveness.alive(1.0)
+    liveness.loop_ended()
+    assert not liveness.alive(1.0)
+
+
+def test_is_alive_follows_the_loop_of_start_and_of_run(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """is_alive() is false before start(), true once the loop has reached the database, false
+    after stop(); the same for run() in the foreground. A tick() is not a loop."""
+    relay = make_relay(engine, print, poll_interval=0.01)
+    assert not relay.is_alive()
+    relay.tick()
+    assert not relay.is_alive()
+    relay.start()
+    wait_until(relay.is_alive, "the started relay to be alive")
+    relay.stop()
+    assert not relay.is_alive()
+
+    foreground = make_relay(engine, print, poll_interval=0.01)
+    runner = run_in_thread(foreground.run)  # not the main thread: no signal handlers
+    wait_until(foreground.is_alive, "run() to be alive")
+    foreground.stop()
+    runner.join(WAIT)
+    assert not runner.is_alive() and not foreground.is_alive()
+
+
+class Switch:
+    """An engine ``creator`` that connects (as application ``switched``) until the test says
+    the database is down."""
+
+    def __init__(self, url: URL) -> None:
+        self.dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.down = threading.Event()
+        self.refused = 0
+
+    def connect(self) -> psycopg.Connection[Any]:
+        if self.down.is_set():
+            self.refused += 1
+            raise psycopg.OperationalError("the database is down (test switch)")
+        return psycopg.connect(self.dsn, application_name="switched")
+
+    def cut(self, admin: Engine) -> bool:
+        """Terminate every connection this switch made; False, to poll with wait_until."""
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = 'switched'"
+                )
+            )
+        return False
+
+
+def test_is_alive_turns_false_while_the_database_is_unreachable_and_back_after(
+    pg_url: URL, pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A running relay that cannot reach its database for longer than liveness_bound is not
+    alive (its thread still runs, retrying); once the database answers again it is alive and
+    publishes."""
+    switch = Switch(pg_url)
+    engine = create_engine("postgresql+psycopg://", creator=switch.connect)
+    try:
+        relay = make_relay(engine, Gate(), poll_interval=0.05, claim_lease=0.5, poll_only=True)
+        relay.max_backoff = 0.2
+        assert relay.liveness_bound == pytest.approx(0.7)
+        relay.start()
+        wait_until(relay.is_alive, "the relay to reach the database")
+
+        switch.down.set()
+        # Cut again on every poll: a connection made just before the switch went down dies too.
+        wait_until(
+            lambda: switch.cut(pg_engine) or not relay.is_alive(), "is_alive() to turn false"
+        )
+        assert relay._thread is not None and relay._thread.is_alive()
+        assert switch.refused > 0
+
+        switch.down.clear()
+        wait_until(relay.is_alive, "is_alive() to turn true again")
+        ids = stage(pg_engine, 1)
+        wait_until(lambda: published_ids(pg_engine) == set(ids), "a publish after recovery")
+        relay.stop()
+        assert not relay.is_alive()
+    finally:
+        engine.dispose()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import Engine, ForeignKey, String, event, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import (
     DeclarativeBase,
     Mapped,
@@ -281,6 +281,172 @@ class TestBatching:
             outbox.enqueue(session, "second")
             session.commit()
         assert jobs(db) == ["first", "second"]
+
+
+FLUSH_HOOKS = ["before_flush", "after_flush", "after_flush_postexec"]
+
+
+def _enqueue_for_new_orders(hook: str) -> Any:
+    """A flush hook that stages one `order_created` job per new Order: domain events."""
+
+    def on_flush(session: Session, *_args: Any) -> None:
+        # session.new still lists the flushed objects in after_flush; after_flush_postexec
+        # sees them in the identity map.
+        postexec = hook == "after_flush_postexec"
+        objects = session.identity_map.values() if postexec else session.new
+        for obj in list(objects):
+            if isinstance(obj, Order) and obj.sku not in session.info.setdefault("seen", set()):
+                session.info["seen"].add(obj.sku)
+                outbox.enqueue(session, "order_created", {"sku": obj.sku})
+
+    return on_flush
+
+
+class TestEnqueueDuringCommit:
+    """Everything staged before the COMMIT statement is written in that transaction."""
+
+    @pytest.mark.parametrize("hook", FLUSH_HOOKS)
+    def test_flush_hook_during_the_commits_own_flush_is_written(
+        self, db: Engine, hook: str
+    ) -> None:
+        """A job staged by a flush hook of the flush that commit() runs itself (no explicit
+        flush) commits with the order, in the same single INSERT as the jobs staged before."""
+        statements = _count_outbox_inserts(db)
+        factory = sessionmaker(db)
+        event.listen(factory, hook, _enqueue_for_new_orders(hook))
+        with factory() as session:
+            outbox.enqueue(session, "before")
+            order = Order(id=1, sku="A1")  # the identity map holds objects weakly
+            session.add(order)
+            session.commit()
+            assert outbox.staged(session) == ()
+        assert jobs(db) == ["before", "order_created"]
+        assert [row.input for row in rows(db)][1] == {"sku": "A1"}
+        assert len(statements) == 1
+
+    @pytest.mark.parametrize("hook", FLUSH_HOOKS)
+    def test_flush_hook_enqueues_follow_rollbacks_exactly(self, db: Engine, hook: str) -> None:
+        """A rolled-back transaction drops its hook's job; a rolled-back savepoint drops the job
+        staged by its own flush and keeps the one staged by the outer flush."""
+        factory = sessionmaker(db)
+        event.listen(factory, hook, _enqueue_for_new_orders(hook))
+        with factory() as session:
+            session.add(Order(id=1, sku="gone"))
+            session.flush()
+            session.rollback()
+            assert outbox.staged(session) == ()
+            session.info.pop("seen", None)
+            kept = Order(id=2, sku="kept")  # the identity map holds objects weakly
+            session.add(kept)
+            with pytest.raises(RuntimeError), session.begin_nested():
+                undone = Order(id=3, sku="undone")
+                session.add(undone)
+                session.flush()
+                raise RuntimeError("undo the savepoint")
+            session.commit()
+        assert [row.input for row in rows(db)] == [{"sku": "kept"}]
+
+    @pytest.mark.parametrize("position", ["before_ours", "after_ours", "on_the_session"])
+    def test_application_before_commit_listener_is_written(self, db: Engine, position: str) -> None:
+        """An app's own before_commit listener may enqueue, whether it was registered on the
+        Session class before or after the library's, or on one session."""
+
+        def audit(session: Session) -> None:
+            if session.get_nested_transaction() is None and not session.info.get("audited"):
+                session.info["audited"] = True
+                outbox.enqueue(session, "audit")
+
+        target: Any = Session
+        session = Session(db)
+        if position == "on_the_session":
+            target = session
+        event.listen(target, "before_commit", audit, insert=position == "before_ours")
+        try:
+            session.add(Order(id=1, sku="B1"))
+            session.commit()
+        finally:
+            event.remove(target, "before_commit", audit)
+            session.close()
+        assert jobs(db) == ["audit"]
+
+    def test_enqueue_after_commit_raises_instead_of_dropping(self, db: Engine) -> None:
+        """From after_commit it is too late to write: enqueue raises StagingError naming the
+        fix, and the transaction that had already committed is unaffected."""
+        errors: list[BaseException] = []
+
+        def late(session: Session) -> None:
+            try:
+                outbox.enqueue(session, "too-late")
+            except outbox.StagingError as error:
+                errors.append(error)
+
+        session = Session(db)
+        event.listen(session, "after_commit", late)
+        outbox.enqueue(session, "on-time")
+        session.commit()
+        session.close()
+        [error] = errors
+        assert "Enqueue before commit()" in str(error)
+        assert jobs(db) == ["on-time"]
+
+    def test_enqueue_after_a_failed_flush_raises(self, db: Engine) -> None:
+        """A session whose flush failed needs rollback(); enqueue says so instead of staging
+        a job that could never commit."""
+        with Session(db) as session:
+            session.add(Order(id=1, sku="dup"))
+            session.add(Order(id=2, sku="dup"))
+            with pytest.raises(IntegrityError):
+                session.flush()
+            with pytest.raises(outbox.StagingError, match="rollback"):
+                outbox.enqueue(session, "never")
+            session.rollback()
+            outbox.enqueue(session, "after-rollback")
+            session.commit()
+        assert jobs(db) == ["after-rollback"]
+
+
+class TestExternalTransaction:
+    """A session joined to a connection's transaction (the test-suite pattern)."""
+
+    @pytest.mark.parametrize("mode", ["conditional_savepoint", "create_savepoint"])
+    def test_written_with_the_external_transaction(self, db: Engine, mode: Any) -> None:
+        """session.commit() inside an external transaction writes nothing by itself; the
+        messages commit when the external transaction commits and vanish when it rolls back."""
+        with db.connect() as conn:
+            conn.begin()
+            with Session(bind=conn, join_transaction_mode=mode) as session:
+                outbox.enqueue(session, "rolled-back-outside")
+                session.commit()
+            conn.rollback()
+            conn.begin()
+            with Session(bind=conn, join_transaction_mode=mode) as session:
+                outbox.enqueue(session, "committed-outside")
+                session.commit()
+            with Session(bind=conn, join_transaction_mode=mode) as session:
+                outbox.enqueue(session, "closed-without-commit")
+            conn.commit()
+        assert jobs(db) == ["committed-outside"]
+
+
+def test_two_phase_session_writes_before_prepare(pg_engine: Engine) -> None:
+    """With twophase=True the rows go in before PREPARE TRANSACTION, not after it.
+
+    This server runs with max_prepared_transactions = 0, so PREPARE itself fails; what is
+    pinned is that the outbox INSERT was sent in the transaction before it (a two-phase commit
+    fires no plain ``commit`` event, so without the prepare hook nothing would be sent at all).
+    """
+    statements: list[str] = []
+
+    @event.listens_for(pg_engine, "before_cursor_execute")
+    def _record(_c: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement.split(maxsplit=1)[0].upper())
+
+    with Session(pg_engine, twophase=True) as session:
+        outbox.enqueue(session, "two-phase")
+        with pytest.raises(DBAPIError):  # PREPARE refused, then psycopg refuses the rollback
+            session.commit()
+    assert statements == ["INSERT"]
+    assert jobs(pg_engine) == []
 
 
 class TestInputChecks:
