@@ -5,18 +5,29 @@ A publisher is a callable taking one :class:`~sqla_outbox.OutboxMessage`, or an 
 and the relay stops the pass there so no later message overtakes it. A publisher may also have
 ``close()``, which the relay calls when it stops.
 
+What it raises tells the relay whose fault it was. A
+:class:`~sqla_outbox.BrokerUnavailableError`, or an exception whose ``__cause__`` is one, is an
+*outage*: the broker could not be reached or takes nothing, no message is charged an attempt,
+and the relay backs off as a whole. Any other exception is a failure of *that message*: it is
+charged an attempt, retried with backoff, and dead-lettered after ``max_publish_attempts``.
+:mod:`sqla_outbox.publishers.outages` says where the bundled publishers draw the line;
+``docs/publishers.md`` is the guide for writing one.
+
 A publisher whose broker can confirm many messages at once (a Redis pipeline, AMQP publisher
 confirms, a JetStream batch of acks) may also implement ``publish_batch(messages)``
 (:class:`BatchPublisher`): the relay then hands it the whole pass, in claim order. It returns when
 every message is confirmed; if only the first *k* were, it raises
-:class:`~sqla_outbox.PublishError` with ``published=k`` so the relay marks exactly those.
+:class:`~sqla_outbox.PublishError` (message *k* was refused) or
+:class:`~sqla_outbox.BrokerUnavailableError` (the broker went away) with ``published=k``, so the
+relay marks exactly those.
 
 :func:`sqla_outbox.publishers.loader.resolve_publisher` turns a command-line spec into a
 publisher: ``stdout``, ``module:attribute`` (a publisher object, a callable, or a class to
 instantiate with no arguments), or a broker URL (:mod:`sqla_outbox.publishers.schemes`). What the
 broker publishers share (hiding a URL's password, reading and checking URL options, reporting a
 missing client library) lives in :mod:`sqla_outbox.publishers.urls`; each broker's delivery error
-subclasses :class:`~sqla_outbox.errors.BrokerError`.
+subclasses :class:`~sqla_outbox.errors.BrokerError`, and its outage error
+:class:`~sqla_outbox.errors.BrokerUnavailableError`.
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ class Publisher(Protocol):
     """An object that hands one message to a broker and returns once the broker has it."""
 
     def publish(self, message: OutboxMessage) -> None:
-        """Deliver ``message``; raise if it was not delivered."""
+        """Deliver ``message``; raise if it was not delivered (``BrokerUnavailableError`` if the
+        broker could not be reached)."""
 
 
 @runtime_checkable
@@ -43,7 +55,9 @@ class BatchPublisher(Protocol):
     """A publisher that can deliver a whole pass and report how much of it was confirmed."""
 
     def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
-        """Deliver ``messages`` in order; raise ``PublishError(published=k)`` after a prefix."""
+        """Deliver ``messages`` in order; after a confirmed prefix of *k*, raise
+        ``PublishError(published=k)``, or ``BrokerUnavailableError(published=k)`` for an
+        outage."""
 
 
 PublisherLike = Publisher | Callable[[OutboxMessage], object]

@@ -43,6 +43,19 @@ Guarantees
       (one round trip per 100 messages) through kombu's ``Producer.batch()`` where the installed
       kombu has it, and a pipeline counts as confirmed only once Redis answered all of it.
 
+Outage or message failure (:mod:`sqla_outbox.publishers.outages`)
+    :class:`CeleryUnavailableError`, an outage, when the broker connection failed: kombu's
+    ``OperationalError`` for a broker that refuses connections, times out (a confirm that does
+    not come within ``confirm_timeout``, a Redis reply not within ``socket_timeout``) or drops
+    the connection, once the retry policy is spent; an AMQP login or vhost the broker refuses,
+    or a ``CONNECTION_FORCED`` from a broker shutting down; and a Redis that takes no writes at
+    all (``OOM``, ``READONLY``, ``LOADING``, ...). ``publish_batch`` passes ``published=k``,
+    the confirmed prefix (0 when a Redis pipeline failed: any part of it may have gone out).
+    Everything about *this* message is a message failure: a nack (kombu wraps it in an
+    ``OperationalError`` too, with ``MessageNacked`` as its cause), an AMQP channel error (no
+    such exchange, no access, too large), a Redis key of the wrong type, ``QueueNotFound`` from
+    Celery's router, a value that does not serialize.
+
 What it does not do
     * Celery does not deduplicate. A message can arrive twice (a relay killed between publish
       and mark, a broker timeout after the broker took the message), always with the same task id
@@ -75,14 +88,24 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl
 
-from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublisherError, PublishError
+from sqla_outbox.errors import (
+    ArgumentTypeError,
+    BrokerUnavailableError,
+    ConfigurationError,
+    PublisherError,
+    PublishError,
+)
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers.loader import import_module, resolve_attribute
-from sqla_outbox.publishers.urls import checked_options, require_client
+from sqla_outbox.publishers.outages import causes, redis_unavailable
+from sqla_outbox.publishers.urls import checked_options, hide_password, require_client
 from sqla_outbox.validation import DEFAULT_QUEUE
 
 try:
-    # Celery ships no type information; its objects are typed Any here.
+    # Celery and py-amqp (which kombu, Celery's transport layer, depends on) ship no type
+    # information; their objects are typed Any here.
+    import amqp.exceptions  # type: ignore[import-untyped]
+    import kombu.exceptions
     from celery import Celery  # type: ignore[import-untyped]
     from celery.app.utils import find_app  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover - exercised only without the extra
@@ -95,6 +118,8 @@ __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
     "PIPELINE_SIZE",
     "CeleryPublisher",
+    "CeleryUnavailableError",
+    "broker_unavailable",
     "describe",
     "from_url",
     "task_arguments",
@@ -141,6 +166,19 @@ _FLAGS = ("confirm", "pipeline")
 _URL_OPTIONS = (*_NUMBERS, *_FLAGS)
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+
+
+# AMQP methods of class 10 are connection.*; (0, 0) is what a broker closing the connection
+# outright (a refused login) reports. Any other class is a channel's: about one publish.
+_CONNECTION_CLASSES = (0, 10)
+
+
+class CeleryUnavailableError(BrokerUnavailableError):
+    """Celery's broker cannot be reached or takes nothing: an outage, not a message failure.
+
+    Raised with the kombu, py-amqp or redis-py error as its cause; see the module docs for which
+    are outages. ``published`` is how many messages of the batch the broker confirmed first.
+    """
 
 
 def _number_rule(name: str) -> str:
@@ -274,6 +312,33 @@ def describe(error: BaseException) -> str:
     return " <- ".join(parts)
 
 
+def broker_unavailable(error: BaseException) -> bool:
+    """Whether ``error``, raised by ``send_task``, says the broker could not be used at all.
+
+    kombu re-raises both connection and channel errors as ``OperationalError`` (a nack too), so
+    the verdict is the first error down the chain of causes that says which it was; an
+    ``OperationalError`` with nothing recognisable beneath it is kombu's "connection error".
+    """
+    kombu_connection_error = False
+    for current in causes(error):
+        if isinstance(current, amqp.exceptions.MessageNacked):
+            return False
+        if isinstance(current, amqp.exceptions.ConnectionError):
+            return True
+        if isinstance(current, amqp.exceptions.AMQPError):
+            # A refused login arrives as AccessRefused, a channel error class, but from the
+            # connection: the method it names tells the two apart.
+            method = getattr(current, "method_sig", None) or (None,)
+            return method[0] in _CONNECTION_CLASSES
+        redis = redis_unavailable(current)
+        if redis is not None:
+            return redis
+        if isinstance(current, (OSError, TimeoutError)):
+            return True
+        kombu_connection_error |= isinstance(current, kombu.exceptions.OperationalError)
+    return kombu_connection_error
+
+
 @contextmanager
 def _enqueuer_trace(traceparent: str | None) -> Iterator[None]:
     # OpenTelemetry's Celery instrumentation, when the relay process has it, starts a "publish"
@@ -354,11 +419,20 @@ class CeleryPublisher:
     # -- publishing -------------------------------------------------------------------------
 
     def publish(self, message: OutboxMessage) -> None:
-        """Send one task; return once the broker has it, raise (not published) otherwise."""
+        """Send one task; return once the broker has it, raise (not published) otherwise.
+
+        A broker that cannot be used raises :class:`CeleryUnavailableError`; a message it
+        refused raises kombu's or Celery's own error as it is.
+        """
         with self._lock:
             _sent, failure = self._send_each(self._open(), [message])
             if failure is not None:
+                broker = self._broker()
                 self._drop_connection()
+                if broker_unavailable(failure):
+                    raise CeleryUnavailableError(
+                        self._unavailable(broker, message, 0, 1, failure)
+                    ) from failure
                 raise failure
 
     def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
@@ -380,13 +454,38 @@ class CeleryPublisher:
                     sent, failure = self._send_chunk(producer, chunk)
                 confirmed += sent
                 if failure is not None:
+                    broker = self._broker()
                     self._drop_connection()
                     failed = messages[confirmed]
+                    if broker_unavailable(failure):
+                        raise CeleryUnavailableError(
+                            self._unavailable(broker, failed, confirmed, len(messages), failure),
+                            published=confirmed,
+                        ) from failure
                     raise PublishError(
                         f"Celery took {confirmed} of {len(messages)} messages; sending job "
                         f"{failed.job!r} (outbox id {failed.id}) failed with {describe(failure)}",
                         published=confirmed,
                     ) from failure
+
+    def _unavailable(
+        self, broker: str, failed: OutboxMessage, confirmed: int, total: int, error: Exception
+    ) -> str:
+        return (
+            f"Celery's broker {broker} could not be used: it took {confirmed} of {total} "
+            f"messages, then sending job {failed.job!r} (outbox id {failed.id}) failed with "
+            f"{describe(error).rstrip('.')}. Nothing is wrong with the message: check that the "
+            "broker is running and that the app's broker URL (host, credentials, vhost) is "
+            "right, and the relay retries on a later pass."
+        )
+
+    def _broker(self) -> str:
+        """The broker's URL as errors show it (password hidden), else the app's name."""
+        if self._connection is not None:
+            # kombu's own as_uri() shows "**" even where there is no password.
+            with suppress(Exception):  # a half-built connection: the app's name says enough
+                return repr(hide_password(self._connection.as_uri(include_password=True)))
+        return f"of app {self.app.main!r}"
 
     def _send_chunk(
         self, producer: Any, chunk: Sequence[OutboxMessage]

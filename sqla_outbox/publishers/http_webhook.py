@@ -21,6 +21,20 @@ What it guarantees
     start of the response body, which the relay records in the row's ``last_error``; the pass
     stops there, so no later message overtakes it, and the next pass sends it again.
 
+Outage or message failure (:mod:`sqla_outbox.publishers.outages`)
+    :class:`WebhookUnavailableError` (a :class:`WebhookError` too), an outage, when the endpoint
+    cannot take any message now: no answer (connection refused, DNS, TLS, a proxy failing, a
+    connect, read or write timeout, the connection dropped before the answer) or one of the
+    answers that speak for the service rather than the message: ``408 Request Timeout``, ``429
+    Too Many Requests``, ``502 Bad Gateway``, ``503 Service Unavailable``, ``504 Gateway
+    Timeout``. Every other answer is a message failure, :class:`WebhookError`: a 4xx (the
+    endpoint refused *this* request), a redirect, and the other 5xx, ``500`` included. A 500 is
+    what a receiver's own bug answers, most often one this payload triggers; had every 500 been
+    an outage, one message that crashes the receiver would stop the relay for good instead of
+    being retried and dead-lettered. A receiver that is up but cannot process anything (its
+    database is down) should answer 503, ideally with ``Retry-After``, so the relay backs off
+    without charging the message.
+
 What it does not do
     No batching and no retries inside a pass: the relay's next pass is the retry. No
     deduplication: an endpoint that took a message but whose answer was lost (a read timeout,
@@ -28,9 +42,12 @@ What it does not do
     endpoint must deduplicate on that header (or on ``idempotency_key`` in the body).
 
 The traps
-    * A 4xx is retried like a 5xx. The relay publishes in order, so a message the endpoint will
-      never accept holds up the messages behind it until the endpoint (or the row) is fixed; the
-      status in ``last_error`` says which it is.
+    * A 4xx is a message failure like a 500: the relay retries it with backoff and dead-letters
+      it after ``max_publish_attempts``, and while it waits it holds up the messages behind it
+      in its transaction and ordering key. The status in ``last_error`` says which side to fix.
+    * A timeout is an outage, so an endpoint that hangs on one particular message (rather than
+      answering 500) holds up the relay without charging that message; set ``timeout`` above
+      the endpoint's slowest honest answer and have it answer rather than hang.
     * Secrets do not go in the URL: URLs end up in logs, process lists and shell history. The
       HMAC secret and the ``Authorization`` value are read from environment variables *named* by
       the URL (``?hmac_secret_env=OUTBOX_WEBHOOK_SECRET``), or passed to the constructor.
@@ -67,7 +84,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqla_outbox.errors import BrokerError, PublisherError
+from sqla_outbox.errors import BrokerError, BrokerUnavailableError, PublisherError
 from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import (
     hide_password,
@@ -85,10 +102,12 @@ except ImportError:  # pragma: no cover - exercised only without the extra insta
 __all__ = [
     "DEFAULT_TIMEOUT",
     "OPTIONS",
+    "OUTAGE_STATUSES",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "WebhookError",
     "WebhookPublisher",
+    "WebhookUnavailableError",
     "from_url",
     "signature",
 ]
@@ -106,6 +125,15 @@ OPTIONS = frozenset(
     {"timeout", "connect_timeout", "hmac_secret_env", "authorization_env", "ca_file"}
 )
 """The query parameters this module reads and strips from the endpoint URL."""
+
+OUTAGE_STATUSES = frozenset({408, 429, 502, 503, 504})
+"""HTTP statuses that mean "not now" for every message, not "not this one": an outage.
+
+408 (the server gave up waiting for the request) and 504 (a gateway gave up waiting for the
+endpoint) are timeouts; 429 is a rate limit, which slowing down fixes and charging the message
+does not; 502 and 503 are a proxy with no healthy endpoint behind it, or an endpoint that says it
+is down or deploying.
+"""
 
 _SNIPPET = 200  # characters of a failed response's body kept in the error
 _MAX_ERROR_URL = 200
@@ -146,6 +174,14 @@ class WebhookError(BrokerError):
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class WebhookUnavailableError(WebhookError, BrokerUnavailableError):
+    """The endpoint cannot take any message now: an outage, not a message failure.
+
+    No answer at all (``status_code`` is ``None``: refused, timed out, dropped), or one of
+    :data:`OUTAGE_STATUSES`. Still a :class:`WebhookError`, so code catching that catches this.
+    """
 
 
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -259,12 +295,23 @@ class WebhookPublisher:
             client = self._open_client()
             try:
                 response = client.post(self._endpoint, content=body, headers=headers)
+            except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as error:
+                # The request itself could not be written (a header value httpx refuses): this
+                # message's fault, and nothing reached the endpoint. The connection may be
+                # mid-request, so it is dropped all the same.
+                self._drop()
+                raise WebhookError(
+                    f"POST of message {message.id} (job {message.job!r}) to {self.url} could not "
+                    f"be sent ({type(error).__name__}: {error}); fix the message at enqueue."
+                ) from error
             except httpx.TransportError as error:
                 # The pooled connection may be half-dead; start the next pass from a new pool.
                 self._drop()
-                raise WebhookError(self._no_answer(message, error)) from error
+                raise WebhookUnavailableError(self._no_answer(message, error)) from error
         if not response.is_success:
-            raise WebhookError(self._refused(message, response), status_code=response.status_code)
+            status = response.status_code
+            failed = WebhookUnavailableError if status in OUTAGE_STATUSES else WebhookError
+            raise failed(self._refused(message, response), status_code=status)
 
     def close(self) -> None:
         """Close the client and its pooled connections; the next publish opens a new one."""
@@ -314,6 +361,10 @@ class WebhookPublisher:
                 f"redirects are not followed, so use the URL it points to "
                 f"({response.headers.get('location')!r}) in the publisher URL"
             )
+        elif response.status_code in OUTAGE_STATUSES:
+            retry_after = response.headers.get("retry-after")
+            asked = f" (Retry-After: {retry_after})" if retry_after else ""
+            fix = f"the endpoint is not taking messages now{asked}, and the relay backs off"
         else:
             fix = "the next pass sends it again"
         return (

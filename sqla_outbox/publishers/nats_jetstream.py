@@ -37,6 +37,18 @@ Failure behaviour
     ``timeout`` seconds, so an outage never hangs the relay: it records the failure and retries
     on a later pass, and the re-publish of anything that did get stored is deduplicated.
 
+Outage or message failure (:mod:`sqla_outbox.publishers.outages`)
+    :class:`NatsUnavailableError`, an outage: the server cannot be reached or refuses the
+    connection (credentials included), the client is disconnected and reconnecting, the
+    connection is closed, stale or its buffer full, acks did not come back within ``timeout``,
+    or JetStream answers that it is unavailable as a whole (``10008`` temporarily unavailable,
+    ``10023`` insufficient resources, ``10039``/``10076`` not enabled). ``published`` is the
+    acked prefix. Every other refusal is a message failure, :class:`~sqla_outbox.PublishError`:
+    no stream covers the subject ("no responders"), a stream limit refuses it (``10077``
+    ``maximum messages exceeded`` with ``discard: new``, ``10054`` larger than
+    ``max_msg_size``), another stream than ``stream`` covers it, or the subject, a header or the
+    payload size is one NATS cannot carry.
+
 The trap
     The duplicate window must be longer than the relay's ``claim_lease`` plus the time a
     re-publish can take; a window shorter than the lease lets a crashed relay's rows come back
@@ -62,7 +74,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlunsplit
 
-from sqla_outbox.errors import PublisherError, PublishError
+from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import (
@@ -86,7 +98,13 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 else:
     _CLIENT_INSTALLED = True
 
-__all__ = ["DEFAULT_TIMEOUT", "NatsJetStreamPublisher", "from_url", "message_headers"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "NatsJetStreamPublisher",
+    "NatsUnavailableError",
+    "from_url",
+    "message_headers",
+]
 
 log = logging.getLogger("sqla_outbox.publishers.nats")
 
@@ -98,6 +116,12 @@ _LABEL = "NATS publisher URL"
 _RECONNECT_WAIT = 1  # seconds between nats-py's reconnect attempts
 _PING_INTERVAL = 30  # seconds; two missed pings mark a half-open connection as dead
 _T = TypeVar("_T")
+
+# JetStream's err_codes for "JetStream itself cannot take anything now", as opposed to a refusal
+# of one message or of its stream: 10008 system temporarily unavailable, 10023 insufficient
+# resources, 10039 not enabled for the account, 10076 not enabled. A full stream (10077 with
+# discard: new) also answers 503, but only that stream's messages are refused.
+_JETSTREAM_UNAVAILABLE = frozenset({10008, 10023, 10039, 10076})
 
 
 def _require_client() -> None:
@@ -123,6 +147,14 @@ def message_headers(message: OutboxMessage) -> dict[str, str]:
     }
     headers.update({name: value for name, value in optional.items() if value is not None})
     return headers
+
+
+class NatsUnavailableError(BrokerUnavailableError):
+    """NATS or JetStream cannot take any message now: an outage, not a message failure.
+
+    Unreachable, disconnected, acks that did not come back within ``timeout``, or JetStream
+    unavailable as a whole; see the module docs. ``published`` is the acked prefix.
+    """
 
 
 class _NotConnectedError(ConnectionError):
@@ -194,7 +226,8 @@ class NatsJetStreamPublisher:
             except Exception as error:  # not connected, connect failed, backstop timeout
                 confirmed, failure = 0, error
         if failure is not None:
-            raise PublishError(
+            kind = NatsUnavailableError if _unavailable(failure) else PublishError
+            raise kind(
                 self._explain(messages[confirmed], failure, confirmed), published=confirmed
             ) from failure
 
@@ -392,6 +425,11 @@ class NatsJetStreamPublisher:
                 "responders'): create a stream whose subjects include it, e.g. nats stream add "
                 f"OUTBOX --subjects '{covering}'.{after}"
             )
+        if isinstance(error, nats.js.errors.APIError) and _unavailable(error):
+            return (
+                f"JetStream at {self._shown} is unavailable and took no message ({error}); "
+                f"the relay retries on a later pass.{after}"
+            )
         if isinstance(error, nats.js.errors.APIError):
             return f"JetStream refused {where} on subject {subject!r}: {error}.{after}"
         if isinstance(error, _NotConnectedError):
@@ -419,6 +457,33 @@ class _BadSubjectError(ValueError):
 
 class _BadHeaderError(ValueError):
     pass
+
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether ``error`` means no message could be published now (see the module docs)."""
+    if isinstance(error, (_BadSubjectError, _BadHeaderError)):
+        return False
+    if isinstance(error, nats.js.errors.APIError):
+        return error.err_code in _JETSTREAM_UNAVAILABLE
+    if isinstance(error, nats.js.errors.Error):  # no responders: no stream for this subject
+        return False
+    if isinstance(
+        error,
+        (nats.errors.MaxPayloadError, nats.errors.BadSubjectError, nats.errors.BadHeaderError),
+    ):
+        return False
+    # What is left is the connection's: nats-py's own errors (closed, stale, no servers, refused
+    # credentials, a full outbound buffer, its timeouts), socket errors and our ack deadline.
+    return isinstance(
+        error,
+        (
+            nats.errors.Error,
+            OSError,
+            TimeoutError,
+            asyncio.TimeoutError,
+            concurrent.futures.TimeoutError,
+        ),
+    )
 
 
 def _parse_ack(msg: Msg) -> PubAck:

@@ -57,6 +57,17 @@ publish. Any connection or channel error (broker restart, ``CONNECTION_FORCED``,
 by the broker, a lost socket) drops them and is raised, so the relay records the failure; the
 next publish connects again. :meth:`RabbitMQPublisher.close` (called by the relay when it stops)
 closes the connection.
+
+Outage or message failure (:mod:`sqla_outbox.publishers.outages`): every *connection*-level
+failure is an outage, :class:`RabbitMQUnavailableError`: the broker cannot be reached, refuses
+the login or the vhost (nothing could be published with that URL, whatever the message), closes
+the connection (``CONNECTION_FORCED`` on a restart, missed heartbeats, a lost socket), or keeps
+it blocked by a memory or disk alarm past ``blocked_connection_timeout``. ``publish_batch``
+passes ``published=k`` when the connection went after *k* confirms. Everything RabbitMQ says
+about *this* message or its destination is a message failure, :class:`RabbitMQError`: returned
+as unroutable, nacked (a full queue with ``overflow=reject-publish``), or its channel closed
+(``404`` no such exchange, ``403`` no write access, ``406`` e.g. larger than
+``max_message_size``), and so is a message pika cannot encode.
 """
 
 from __future__ import annotations
@@ -67,7 +78,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from sqla_outbox.errors import BrokerError, PublisherError, PublishError
+from sqla_outbox.errors import BrokerError, BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage, compact_json
 from sqla_outbox.publishers.urls import hide_password, require_client, split_options, split_url
@@ -83,6 +94,7 @@ __all__ = [
     "DEFAULT_URL",
     "RabbitMQError",
     "RabbitMQPublisher",
+    "RabbitMQUnavailableError",
     "from_url",
 ]
 
@@ -103,12 +115,31 @@ APP_ID = "sqla-outbox"
 
 _OWN_OPTIONS = frozenset({"exchange"})
 
+if pika is not None:
+    # The connection, not the message: lost, closed by the broker, or a channel that is gone
+    # without the broker having said anything about a publish on it.
+    _CONNECTION_LOST: tuple[type[BaseException], ...] = (
+        pika.exceptions.AMQPConnectionError,
+        pika.exceptions.ChannelWrongStateError,
+        pika.exceptions.ChannelClosedByClient,
+        OSError,
+    )
+
 
 class RabbitMQError(BrokerError):
     """RabbitMQ did not take a message: unroutable, refused, or the connection failed.
 
     The relay records the message as this error's sentence in the row's ``last_error``, so each
     one names the message, what RabbitMQ said, and what to do about it.
+    """
+
+
+class RabbitMQUnavailableError(RabbitMQError, BrokerUnavailableError):
+    """RabbitMQ cannot be reached or used at all: an outage, not a message failure.
+
+    Raised for a connection that cannot be opened (down, refused login or vhost) or that was
+    lost or blocked while publishing. Still a :class:`RabbitMQError`, so code catching that
+    catches this too. ``published`` is how many messages of the batch were confirmed first.
     """
 
 
@@ -168,19 +199,22 @@ class RabbitMQPublisher:
 
         pika's ``BlockingChannel`` confirms one message per ``basic_publish``, so the batch is a
         loop; sending one at a time also keeps a returned (unroutable) message from being
-        overtaken by the ones behind it. At the first failure this raises
-        :class:`~sqla_outbox.PublishError` with ``published`` = the confirmed prefix.
+        overtaken by the ones behind it. At the first failure this raises with ``published`` =
+        the confirmed prefix: :class:`RabbitMQUnavailableError` when the connection failed,
+        :class:`~sqla_outbox.PublishError` when RabbitMQ refused that message.
         """
         with self._lock:
             for confirmed, message in enumerate(messages):
                 try:
                     self._publish_one(message)
                 except Exception as error:
-                    raise PublishError(
+                    text = (
                         f"{error} (RabbitMQ had confirmed {confirmed} of the {len(messages)} "
-                        "messages of this pass before it.)",
-                        published=confirmed,
-                    ) from error
+                        "messages of this pass before it.)"
+                    )
+                    if isinstance(error, RabbitMQUnavailableError):
+                        raise RabbitMQUnavailableError(text, published=confirmed) from error
+                    raise PublishError(text, published=confirmed) from error
 
     def close(self) -> None:
         """Close the connection, if one is open; the next publish would open a new one."""
@@ -218,12 +252,29 @@ class RabbitMQPublisher:
         except pika.exceptions.ChannelClosedByBroker as error:
             self._drop()
             raise RabbitMQError(self._channel_closed(message, error)) from error
-        except (pika.exceptions.AMQPError, OSError) as error:
+        except pika.exceptions.ConnectionBlockedTimeout as error:
             self._drop()
-            raise RabbitMQError(
+            raise RabbitMQUnavailableError(
+                f"RabbitMQ at {self.url} blocked publishing for longer than "
+                f"blocked_connection_timeout while message {message.id} was being sent, which it "
+                "does during a memory or disk alarm; it was not confirmed, so free memory or disk "
+                "on the broker (rabbitmqctl status shows the alarm) and the relay retries."
+            ) from error
+        except _CONNECTION_LOST as error:
+            self._drop()
+            raise RabbitMQUnavailableError(
                 f"Lost the connection to RabbitMQ at {self.url} while publishing message "
                 f"{message.id} ({_describe(error)}); it was not confirmed, and the next pass "
                 "reconnects and publishes it again."
+            ) from error
+        except pika.exceptions.AMQPError as error:
+            # What is left is this message's own: a property pika cannot encode (a job name
+            # over 255 bytes in ``type``, a header value of an unsupported type).
+            self._drop()
+            raise RabbitMQError(
+                f"Message {message.id} (job {message.job!r}) cannot be sent as AMQP "
+                f"({_describe(error)}); fix its job name or headers at enqueue, since RabbitMQ "
+                "will never take it as it is."
             ) from error
         except BaseException:
             # Anything else (KeyboardInterrupt mid-frame, a bug) may leave half a message on
@@ -256,7 +307,7 @@ class RabbitMQPublisher:
         try:
             connection = pika.BlockingConnection(self._parameters)
         except Exception as error:
-            raise RabbitMQError(
+            raise RabbitMQUnavailableError(
                 f"Could not connect to RabbitMQ at {self.url} ({_describe(error)}); check that "
                 "the broker is running and the URL's host, port, vhost and credentials, and the "
                 "relay retries on its next pass."
@@ -266,7 +317,7 @@ class RabbitMQPublisher:
             channel.confirm_delivery()
         except Exception as error:
             _close_quietly(connection)
-            raise RabbitMQError(
+            raise RabbitMQUnavailableError(
                 f"Connected to RabbitMQ at {self.url} but could not open a channel in confirm "
                 f"mode ({_describe(error)}); check the broker's log, and the relay retries on "
                 "its next pass."

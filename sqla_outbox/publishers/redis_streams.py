@@ -30,8 +30,18 @@ Failure behaviour
     One ``redis.Redis`` client per publisher, created lazily, with its retries switched off:
     the relay is the retry loop, and a client retrying a pipeline on its own would both hide
     the outage and send the batch twice. When Redis is down a publish fails within
-    ``socket_timeout`` seconds, the relay records it and tries again on a later pass, and the
-    client reconnects by itself once Redis is back (stale pooled sockets are dropped).
+    ``socket_timeout`` seconds, the relay tries again on a later pass, and the client
+    reconnects by itself once Redis is back (stale pooled sockets are dropped).
+
+Outage or message failure (:mod:`sqla_outbox.publishers.outages`)
+    :class:`RedisUnavailableError`, an outage, when Redis takes no writes whatever the message:
+    it cannot be reached, times out, drops the connection, is loading its data after a
+    restart (``LOADING``), refuses the credentials, or answers ``OOM``, ``READONLY``,
+    ``CLUSTERDOWN``/``MASTERDOWN``, ``TRYAGAIN``, ``NOREPLICAS``, ``BUSY`` or ``MISCONF``.
+    ``published`` is the confirmed prefix: 0 for a connection lost during the pipeline (no reply
+    was read), *k* for an ``OOM`` answered to the *k+1*-th ``XADD``. Every other refusal of an
+    ``XADD`` (``WRONGTYPE``: the key is not a stream; ``NOPERM`` on the key) is a message
+    failure, :class:`~sqla_outbox.PublishError`.
 
 The trap
     ``maxlen`` trims *old* entries, whether or not a consumer has read them: it bounds memory,
@@ -47,8 +57,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlunsplit
 
-from sqla_outbox.errors import PublisherError, PublishError
+from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage, compact_json
+from sqla_outbox.publishers.outages import redis_unavailable
 from sqla_outbox.publishers.urls import (
     check_scheme,
     hide_password,
@@ -70,7 +81,13 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 else:
     _CLIENT_INSTALLED = True
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "RedisStreamsPublisher", "entry_fields", "from_url"]
+__all__ = [
+    "DEFAULT_SOCKET_TIMEOUT",
+    "RedisStreamsPublisher",
+    "RedisUnavailableError",
+    "entry_fields",
+    "from_url",
+]
 
 DEFAULT_SOCKET_TIMEOUT = 5.0
 """Seconds a connect or a reply may take before the publish fails (``socket_timeout``)."""
@@ -83,6 +100,15 @@ _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
 _CERT_REQS = ("none", "optional", "required")
 _SCHEMES = ("redis", "rediss")
 _LABEL = "Redis publisher URL"
+
+
+class RedisUnavailableError(BrokerUnavailableError):
+    """Redis takes no writes right now, whatever the message: an outage, not a message failure.
+
+    Unreachable, timed out, the connection lost, loading after a restart, or refusing every
+    write (out of memory, a read-only replica, a cluster that is down); see the module docs.
+    ``published`` is how many messages of the batch Redis confirmed before that.
+    """
 
 
 def _require_client() -> None:
@@ -156,11 +182,13 @@ class RedisStreamsPublisher:
         self.publish_batch([message])
 
     def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
-        """Append ``messages`` in order with one pipeline; raise ``PublishError`` on a gap.
+        """Append ``messages`` in order with one pipeline; raise on a gap.
 
-        Every reply is checked. A refused ``XADD`` (wrong key type, out of memory) ends the
-        confirmed prefix there, even if later ones were accepted: the relay re-publishes those
-        later, which is why consumers deduplicate. A connection error confirms nothing.
+        Every reply is checked. A refused ``XADD`` ends the confirmed prefix there, even if later
+        ones were accepted: the relay re-publishes those later, which is why consumers
+        deduplicate. It raises :class:`RedisUnavailableError` when Redis takes no writes at all
+        (a lost connection confirms nothing; ``OOM`` or ``READONLY`` confirms the prefix before
+        it), and :class:`~sqla_outbox.PublishError` when it refused that one message.
         """
         if not messages:
             return
@@ -179,14 +207,15 @@ class RedisStreamsPublisher:
             replies = pipe.execute(raise_on_error=False)
         except (redis.ConnectionError, redis.TimeoutError) as error:
             self._drop_connections()
-            raise PublishError(
+            raise RedisUnavailableError(
                 f"Redis at {self._shown} did not confirm a batch of {len(messages)}: "
                 f"{type(error).__name__}: {str(error).rstrip('.')}. None of it counts as "
                 "published; the relay retries on a later pass and the client reconnects by itself.",
                 published=0,
             ) from error
         except redis.RedisError as error:
-            raise PublishError(
+            kind = RedisUnavailableError if redis_unavailable(error) else PublishError
+            raise kind(
                 f"Redis at {self._shown} failed a batch of {len(messages)}: "
                 f"{type(error).__name__}: {str(error).rstrip('.')}.",
                 published=0,
@@ -201,10 +230,20 @@ class RedisStreamsPublisher:
         if confirmed < len(messages):
             reply = replies[confirmed] if confirmed < len(replies) else "no reply"
             failed = messages[confirmed]
+            where = (
+                f"XADD of message {failed.id} (job {failed.job!r}) to stream {names[confirmed]!r}"
+            )
+            if isinstance(reply, BaseException) and redis_unavailable(reply):
+                raise RedisUnavailableError(
+                    f"Redis at {self._shown} is taking no writes: it refused {where} with "
+                    f"{type(reply).__name__}: {str(reply).rstrip('.')}. The {confirmed} before "
+                    "it are confirmed; free memory or point the URL at the primary, and the "
+                    "relay retries on a later pass.",
+                    published=confirmed,
+                )
             raise PublishError(
-                f"Redis refused XADD of message {failed.id} (job {failed.job!r}) to stream "
-                f"{names[confirmed]!r}: {reply}. The {confirmed} before it are confirmed; check "
-                "that the key is a stream and that Redis has memory left.",
+                f"Redis refused {where}: {reply}. The {confirmed} before it are confirmed; check "
+                "that the key is a stream and that the URL's user may write to it.",
                 published=confirmed,
             )
 

@@ -35,19 +35,21 @@ from support import (
 )
 
 import sqla_outbox as outbox
-from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublisherError
+from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
 
 pytest.importorskip("celery", reason='the Celery publisher needs pip install "sqla-outbox[celery]"')
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from celery.signals import after_task_publish
 from kombu import Connection, Exchange, Queue
 
-from sqla_outbox.publishers.celery_tasks import CeleryPublisher, from_url
+from sqla_outbox.publishers.celery_tasks import CeleryPublisher, CeleryUnavailableError, from_url
 
 from . import celery_app_for_tests as tasks
 from . import throwaway
+from .outage import confirmed, is_outage
 
 WAIT = 20.0  # seconds; a bound on waits that should take milliseconds
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -382,9 +384,10 @@ def test_a_broker_that_is_down_fails_the_pass_quickly_and_is_recorded(
     [message] = enqueue_all(pg_engine, [({"n": 0}, {})], commit=True)
     try:
         started = time.monotonic()
-        with pytest.raises(Exception, match="Connection refused"):
+        with pytest.raises(CeleryUnavailableError, match="Connection refused") as info:
             publisher.publish(message)
         assert time.monotonic() - started < 10
+        assert is_outage(info.value)
         started = time.monotonic()
         result = make_relay(pg_engine, publisher).drain()
         assert time.monotonic() - started < 10
@@ -416,7 +419,7 @@ def test_the_publisher_reconnects_after_a_broker_restart(pg_engine: Engine, tmp_
             client.close()
             server.stop()
             started = time.monotonic()
-            with pytest.raises(Exception, match="Connection refused"):
+            with pytest.raises(CeleryUnavailableError, match="Connection refused"):
                 publisher.publish(second)
             assert time.monotonic() - started < 10
             server.start()
@@ -427,6 +430,147 @@ def test_the_publisher_reconnects_after_a_broker_restart(pg_engine: Engine, tmp_
         finally:
             publisher.close()
             app.close()
+
+
+# -- outage or message failure ------------------------------------------------------------------
+
+
+def one_message(queue: str) -> OutboxMessage:
+    """A message of the test task, built directly, for tests that call the publisher."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return OutboxMessage(uuid.uuid4(), tasks.TASK, queue, {"n": 0}, uuid.uuid4().hex, 3, now, now)
+
+
+@contextmanager
+def stop_after(server: throwaway.BrokerProcess, count: int) -> Iterator[None]:
+    """Stop ``server`` from Celery's after_task_publish signal, once ``count`` tasks were sent.
+
+    The signal fires inside ``send_task``, between two messages of one batch, so the broker
+    goes away exactly there.
+    """
+    sent = 0
+
+    def handler(**_: Any) -> None:
+        nonlocal sent
+        sent += 1
+        if sent == count:
+            server.stop()
+
+    after_task_publish.connect(handler, weak=False)
+    try:
+        yield
+    finally:
+        after_task_publish.disconnect(handler)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+@pytest.mark.parametrize(
+    ("pipeline", "published"), [(False, 2), (True, 0)], ids=["one-by-one", "pipelined"]
+)
+def test_a_broker_lost_mid_batch_is_an_outage_after_the_confirmed_prefix(
+    tmp_path: Path, pipeline: bool, published: int
+) -> None:
+    """Redis stops after the second task of four is sent: the batch raises
+    CeleryUnavailableError, an outage, whose ``published`` is the confirmed prefix: two when
+    sent one by one, none when pipelined (the pipeline had not reached Redis)."""
+    batch = [one_message("lost_q") for _ in range(4)]
+    with throwaway.redis_server(tmp_path) as server:
+        app = Celery("lost", broker=f"redis://127.0.0.1:{server.port}/0", set_as_current=False)
+        publisher = CeleryPublisher(app, pipeline=pipeline)
+        try:
+            with stop_after(server, 2), pytest.raises(CeleryUnavailableError) as info:
+                publisher.publish_batch(batch)
+        finally:
+            publisher.close()
+            app.close()
+    assert is_outage(info.value) and confirmed(info.value) == published
+    assert f"it took {published} of 4 messages" in str(info.value)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+@pytest.mark.parametrize(
+    "condition",
+    [("CONFIG", "SET", "maxmemory", "1"), ("REPLICAOF", "127.0.0.1", "1")],
+    ids=["out-of-memory", "read-only-replica"],
+)
+def test_a_redis_broker_that_refuses_every_write_is_an_outage(
+    tmp_path: Path, condition: tuple[str, ...]
+) -> None:
+    """Celery's Redis answers but takes no writes (OOM, READONLY): kombu wraps the reply in an
+    OperationalError like any other, and the publisher reports an outage, not a failure of the
+    message, since any message would have been refused the same."""
+    with throwaway.redis_server(tmp_path) as server:
+        admin = redis.Redis(port=server.port, socket_timeout=3)
+        app = Celery("full", broker=f"redis://127.0.0.1:{server.port}/0", set_as_current=False)
+        publisher = CeleryPublisher(app)
+        try:
+            admin.execute_command(*condition)
+            with pytest.raises(CeleryUnavailableError) as info:
+                publisher.publish_batch([one_message("full_q")])
+        finally:
+            publisher.close()
+            app.close()
+            admin.close()
+    assert is_outage(info.value) and confirmed(info.value) == 0
+
+
+@pytest.mark.parametrize("broker", ["closed-port", "login-refused"])
+def test_an_amqp_broker_that_cannot_be_used_is_an_outage(rabbitmq: None, broker: str) -> None:
+    """On AMQP, a broker that refuses connections and one that refuses the login are both
+    outages: nothing could be sent through that app, whatever the message. The password is
+    not shown."""
+    url = (
+        f"amqp://guest:s3cret@127.0.0.1:{free_port()}//"
+        if broker == "closed-port"
+        else tasks.AMQP_URL.replace("guest:guest@", "guest:s3cret@")
+    )
+    app = Celery("unusable", broker=url, set_as_current=False)
+    publisher = CeleryPublisher(app)
+    try:
+        with pytest.raises(CeleryUnavailableError) as info:
+            publisher.publish(one_message("emails"))
+    finally:
+        publisher.close()
+        app.close()
+    assert is_outage(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("refusal", ["queue-not-found", "nacked", "no-such-exchange"])
+def test_a_refusal_of_the_message_is_not_an_outage(
+    request: pytest.FixtureRequest, refusal: str
+) -> None:
+    """Celery's router finding no such queue, a broker nack (a full queue with reject-publish,
+    which kombu wraps in an OperationalError like a connection error) and an AMQP channel error
+    (a passive exchange that does not exist) are about this message: the publisher raises
+    them as they are, never as an outage, and a batch counts none of it confirmed."""
+    if refusal == "queue-not-found":
+        queue = request.getfixturevalue("queue")
+        app = Celery("strict", broker=tasks.REDIS_URL, set_as_current=False)
+        app.conf.update(task_default_queue=queue, task_create_missing_queues=False)
+        target = "no_such_queue"
+    else:
+        target = request.getfixturevalue("amqp_queue")
+        app = Celery(refusal, broker=tasks.AMQP_URL, set_as_current=False)
+        if refusal == "nacked":  # a queue that rejects every publish
+            exchange = Exchange(target)
+            arguments = {"x-max-length": 0, "x-overflow": "reject-publish"}
+        else:  # declared passively: the broker closes the channel, 404
+            exchange, arguments = Exchange(f"{target}_missing", passive=True), {}
+        app.conf.task_queues = [
+            Queue(target, exchange, routing_key=target, queue_arguments=arguments)
+        ]
+    publisher = CeleryPublisher(app)
+    try:
+        with pytest.raises(Exception) as single:  # Celery's or kombu's own error, as it is
+            publisher.publish(one_message(target))
+        with pytest.raises(PublishError) as batch:
+            publisher.publish_batch([one_message(target)])
+    finally:
+        publisher.close()
+        app.close()
+    assert not is_outage(single.value), repr(single.value)
+    assert not is_outage(batch.value) and confirmed(batch.value) == 0
 
 
 # -- from_url and the constructor ---------------------------------------------------------------

@@ -1,31 +1,28 @@
 """The HTTP webhook publisher against a real HTTP server running in the test process.
 
-The endpoint is the standard library's ``ThreadingHTTPServer`` on 127.0.0.1 (a free port), which
-records every request and answers 204, or whatever status the test scripted for a given message.
-"Server down" is the real thing: the server is shut and its port refuses connections until a new
-server is started on the same port. Waits are bounded polls of real state (the outbox table, the
-recorded requests), never sleeps standing in for synchronisation.
+The endpoint (``endpoint.py``) is the standard library's ``ThreadingHTTPServer`` on 127.0.0.1 (a
+free port), which records every request and answers 204, or whatever the test scripted for a
+given message (a status, a dropped connection, a hang). "Server down" is the real thing: the
+server is shut and its port refuses connections until a new server is started on the same port.
+Waits are bounded polls of real state (the outbox table, the recorded requests), never sleeps
+standing in for synchronisation.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
-import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from support import (
-    WAIT,
     MakeRelay,
     publisher_error,
     row,
@@ -39,85 +36,18 @@ from sqla_outbox.errors import PublisherError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers import http_webhook
 
+from .endpoint import DROP, HANG, Endpoint
+from .outage import is_outage
+
 pytest.importorskip("httpx", reason="httpx is not installed: pip install 'sqla-outbox[http]'")
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 ENVELOPE = {"tenant_id": "tenant-7", "enqueued_by": "user:42", "traceparent": TRACEPARENT}
 
 
-# --- the endpoint ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Request:
-    """One POST as the endpoint saw it, and the status it answered."""
-
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    status: int
-
-    @property
-    def message(self) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self.body)
-        return result
-
-
-class Endpoint:
-    """A webhook receiver on 127.0.0.1 that records requests; ``answers`` scripts failures.
-
-    ``answers`` maps a message id (the ``X-Outbox-Id`` header) to ``(status, body, headers)``;
-    every other request gets 204.
-    """
-
-    def __init__(self, port: int = 0) -> None:
-        self.requests: list[Request] = []
-        self.answers: dict[str, tuple[int, str, dict[str, str]]] = {}
-        self._lock = threading.Lock()
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                message_id = self.headers.get("X-Outbox-Id", "")
-                status, text, headers = endpoint.answers.get(message_id, (204, "", {}))
-                with endpoint._lock:
-                    endpoint.requests.append(Request(self.path, dict(self.headers), body, status))
-                payload = text.encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # keep pytest's output clean
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    def url(self, path: str = "/hooks/outbox", query: str = "") -> str:
-        return f"http://127.0.0.1:{self.port}{path}{'?' + query if query else ''}"
-
-    def delivered(self) -> list[dict[str, Any]]:
-        """The messages answered with a 2xx, in arrival order."""
-        with self._lock:
-            return [r.message for r in self.requests if 200 <= r.status < 300]
-
-    def shut(self) -> None:
-        """Stop serving and close the listening socket: the port refuses connections."""
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(WAIT)
-
-
 @pytest.fixture
 def endpoint() -> Iterator[Endpoint]:
+    """A webhook receiver (``endpoint.py``), shut when the test ends."""
     server = Endpoint()
     yield server
     server.shut()
@@ -130,6 +60,14 @@ def enqueue(engine: Engine, *inputs: Any, commit: bool = True) -> list[OutboxMes
     """Enqueue one job per input in one transaction, committed or rolled back."""
     return stage_inputs(
         engine, "notify_partner", inputs, commit=commit, queue="webhooks", **ENVELOPE
+    )
+
+
+def one_message() -> OutboxMessage:
+    """A message built directly, for tests that call the publisher without a relay."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return OutboxMessage(
+        uuid.uuid4(), "notify_partner", "webhooks", {"n": 1}, uuid.uuid4().hex, 3, now, now
     )
 
 
@@ -268,6 +206,72 @@ def test_a_down_endpoint_fails_passes_without_marking_and_the_running_relay_deli
         assert back.delivered() == [m.to_dict() for m in messages]
     finally:
         back.shut()
+
+
+# --- outage or message failure ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", sorted(http_webhook.OUTAGE_STATUSES))
+def test_answers_that_speak_for_the_service_are_outages(endpoint: Endpoint, status: int) -> None:
+    """408, 429, 502, 503 and 504 mean "not now" for every message: the publish raises a
+    WebhookUnavailableError, an outage that is still a WebhookError with the status, and its
+    sentence quotes the endpoint's Retry-After."""
+    message = one_message()
+    endpoint.answers[str(message.id)] = (status, "busy", {"Retry-After": "30"})
+    with (
+        http_webhook.WebhookPublisher(endpoint.url()) as publisher,
+        pytest.raises(http_webhook.WebhookUnavailableError) as info,
+    ):
+        publisher.publish(message)
+    assert is_outage(info.value)
+    assert isinstance(info.value, http_webhook.WebhookError)
+    assert info.value.status_code == status
+    assert f"HTTP {status}" in str(info.value) and "(Retry-After: 30)" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422, 500, 501, 308])
+def test_other_answers_are_message_failures(endpoint: Endpoint, status: int) -> None:
+    """A 4xx, a 500 (the receiver's own bug, most often one this payload triggers), the other 5xx
+    and a redirect answer for this message: a WebhookError with the status, not an outage."""
+    message = one_message()
+    endpoint.answers[str(message.id)] = (status, "no", {"Location": "https://new.example/"})
+    with (
+        http_webhook.WebhookPublisher(endpoint.url()) as publisher,
+        pytest.raises(http_webhook.WebhookError) as info,
+    ):
+        publisher.publish(message)
+    assert not is_outage(info.value)
+    assert info.value.status_code == status
+
+
+def test_a_connection_dropped_before_the_answer_is_an_outage(endpoint: Endpoint) -> None:
+    """The endpoint reads the request and closes the connection without answering (a receiver
+    that crashed mid-request): an outage, whose sentence says the message may have arrived; the
+    next publish, on a fresh connection, is delivered."""
+    dropped, after = one_message(), one_message()
+    endpoint.answers[str(dropped.id)] = (DROP, "", {})
+    with http_webhook.WebhookPublisher(endpoint.url()) as publisher:
+        with pytest.raises(http_webhook.WebhookUnavailableError) as info:
+            publisher.publish(dropped)
+        publisher.publish(after)
+    assert is_outage(info.value) and info.value.status_code is None
+    assert "RemoteProtocolError" in str(info.value) and "may have arrived" in str(info.value)
+    assert endpoint.delivered() == [after.to_dict()]
+
+
+def test_an_endpoint_that_does_not_answer_in_time_is_an_outage(endpoint: Endpoint) -> None:
+    """An endpoint that takes the request and hangs fails the publish with a ReadTimeout after
+    about ``timeout`` seconds: an outage, not a failure of the message."""
+    message = one_message()
+    endpoint.answers[str(message.id)] = (HANG, "", {})
+    started = time.monotonic()
+    with (
+        http_webhook.WebhookPublisher(endpoint.url(query="timeout=0.5")) as publisher,
+        pytest.raises(http_webhook.WebhookUnavailableError) as info,
+    ):
+        publisher.publish(message)
+    assert time.monotonic() - started < 5
+    assert is_outage(info.value) and "ReadTimeout" in str(info.value)
 
 
 # --- configuration -----------------------------------------------------------------------------

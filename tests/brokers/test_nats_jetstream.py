@@ -15,14 +15,15 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 import pytest
 from nats.js import JetStreamContext
-from nats.js.api import RawStreamMsg
+from nats.js.api import DiscardPolicy, RawStreamMsg
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 from support import (
@@ -41,9 +42,14 @@ import sqla_outbox as outbox
 from sqla_outbox.errors import PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers import nats_jetstream
-from sqla_outbox.publishers.nats_jetstream import NatsJetStreamPublisher, from_url
+from sqla_outbox.publishers.nats_jetstream import (
+    NatsJetStreamPublisher,
+    NatsUnavailableError,
+    from_url,
+)
 
 from . import throwaway
+from .outage import is_outage
 
 NATS_URL = "nats://127.0.0.1:4222"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -94,18 +100,70 @@ class Stream:
         return f"{self.prefix}."
 
 
-def add_stream(url: str) -> Stream:
-    """A new file-backed stream with a two-minute duplicate window over a unique prefix."""
+def add_stream(url: str, *, covers: str = ">", **limits: Any) -> Stream:
+    """A new file-backed stream with a two-minute duplicate window over a unique prefix.
+
+    :param covers: the subjects under the prefix it stores (``<prefix>.<covers>``); all of them
+        by default.
+    :param limits: more stream configuration (``max_msgs=1``, ``discard=DiscardPolicy.NEW``).
+    """
     run = uuid.uuid4().hex[:10]
     stream = Stream(name=f"SQLA_OUTBOX_TEST_{run}", prefix=f"sqla-outbox-test-{run}")
 
     async def add(js: JetStreamContext) -> None:
         await js.add_stream(
-            name=stream.name, subjects=[f"{stream.prefix}.>"], duplicate_window=120.0
+            name=stream.name,
+            subjects=[f"{stream.prefix}.{covers}"],
+            duplicate_window=120.0,
+            **limits,
         )
 
     with_jetstream(url, add)
     return stream
+
+
+def delete_stream(url: str, stream: Stream) -> None:
+    async def delete(js: JetStreamContext) -> None:
+        await js.delete_stream(stream.name)
+
+    with_jetstream(url, delete)
+
+
+@contextmanager
+def silent_subscriber(url: str, subject: str) -> Iterator[None]:
+    """A plain NATS subscription on ``subject`` that never replies, held open for the block.
+
+    A publish to ``subject`` then gets neither an ack nor JetStream's "no responders", only
+    silence: what a relay sees from a JetStream that stopped answering mid-pass.
+    """
+    ready, done = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    async def hold() -> None:
+        nc = await nats.connect(url, connect_timeout=3, allow_reconnect=False)
+        try:
+            await nc.subscribe(subject)  # no callback: messages wait unread, unanswered
+            await nc.flush()
+            ready.set()
+            await asyncio.get_running_loop().run_in_executor(None, done.wait, WAIT)
+        finally:
+            await nc.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(hold())
+        except BaseException as error:  # reported to the test below, not lost in the thread
+            failures.append(error)
+            ready.set()
+
+    thread = threading.Thread(target=run, name="silent-subscriber", daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(WAIT) and not failures, f"the subscriber did not start: {failures}"
+        yield
+    finally:
+        done.set()
+        thread.join(WAIT)
 
 
 @pytest.fixture
@@ -127,11 +185,22 @@ def stream(shared_nats: str) -> Iterator[Stream]:
     """A stream of this test's own on the shared server, deleted afterwards."""
     made = add_stream(shared_nats)
     yield made
+    delete_stream(shared_nats, made)
 
-    async def delete(js: JetStreamContext) -> None:
-        await js.delete_stream(made.name)
 
-    with_jetstream(shared_nats, delete)
+@pytest.fixture
+def make_stream(shared_nats: str) -> Iterator[Callable[..., Stream]]:
+    """:func:`add_stream` on the shared server with the test's own options; each stream is
+    deleted afterwards."""
+    made: list[Stream] = []
+
+    def make(**options: Any) -> Stream:
+        made.append(add_stream(shared_nats, **options))
+        return made[-1]
+
+    yield make
+    for stream in made:
+        delete_stream(shared_nats, stream)
 
 
 @pytest.fixture
@@ -148,9 +217,12 @@ def publishers() -> Iterator[Callable[[str], NatsJetStreamPublisher]]:
         publisher.close()
 
 
-def message(queue: str, key: str | None = None) -> OutboxMessage:
+def message(queue: str, key: str | None = None, *, padding: int = 0) -> OutboxMessage:
+    """A message on ``queue`` whose idempotency key (``Nats-Msg-Id``) is ``key``; ``padding``
+    adds that many bytes to its input."""
     now = dt.datetime.now(dt.timezone.utc)
-    return OutboxMessage(uuid.uuid4(), "job", queue, {"k": key}, key or str(uuid.uuid4()), 3,
+    input = {"k": key, "padding": "x" * padding} if padding else {"k": key}
+    return OutboxMessage(uuid.uuid4(), "job", queue, input, key or str(uuid.uuid4()), 3,
                          now, now)  # fmt: skip
 
 
@@ -258,7 +330,7 @@ def test_an_unsendable_message_stops_the_batch_before_anything_behind_it_is_sent
     with pytest.raises(PublishError, match=r"Queue 'bad queue' .* not a valid NATS subject") as e:
         publisher.publish_batch(batch)
 
-    assert e.value.published == 1
+    assert e.value.published == 1 and not is_outage(e.value)
     assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["a"]
 
 
@@ -272,7 +344,7 @@ def test_the_stream_option_makes_jetstream_refuse_another_stream(
     )
     with pytest.raises(PublishError, match=r"JetStream refused message") as info:
         publisher.publish(message("emails"))
-    assert info.value.published == 0
+    assert info.value.published == 0 and not is_outage(info.value)
     assert stream_messages(NATS_URL, stream.name) == []
 
     right = publishers(f"{NATS_URL}?subject_prefix={stream.subject_prefix}&stream={stream.name}")
@@ -281,17 +353,85 @@ def test_the_stream_option_makes_jetstream_refuse_another_stream(
 
 
 def test_an_unreachable_server_fails_the_publish_within_timeout() -> None:
-    """Nothing listening: publish raises PublishError(published=0) after about ``timeout``
-    seconds instead of hanging the relay (nats-py alone would retry connecting forever)."""
+    """Nothing listening: publish raises NatsUnavailableError(published=0), an outage, after
+    about ``timeout`` seconds instead of hanging the relay (nats-py alone would retry connecting
+    forever)."""
     publisher = from_url(f"nats://127.0.0.1:{free_port()}?timeout=1")
     started = time.monotonic()
     try:
-        with pytest.raises(PublishError, match=r"relay retries on a later pass") as info:
+        with pytest.raises(NatsUnavailableError, match=r"relay retries on a later pass") as info:
             publisher.publish(message("emails"))
     finally:
         publisher.close()
-    assert info.value.published == 0
+    assert info.value.published == 0 and is_outage(info.value)
     assert time.monotonic() - started < 4
+
+
+# --- outage or message failure -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "refusal"),
+    [
+        ({"max_msgs": 2, "discard": DiscardPolicy.NEW}, "maximum messages exceeded"),
+        ({"max_msg_size": 2048}, "message size exceeds maximum allowed"),
+    ],
+    ids=["stream-full", "too-large"],
+)
+def test_a_stream_limit_refuses_the_message_not_the_server(
+    make_stream: Callable[..., Stream],
+    publishers: Callable[[str], NatsJetStreamPublisher],
+    limits: dict[str, Any],
+    refusal: str,
+) -> None:
+    """A full stream (``discard: new``; JetStream answers 503 with err_code 10077) and a message
+    above ``max_msg_size`` (10054) are refusals of that message and its stream, not outages:
+    PublishError with the acked prefix, JetStream's own words in the sentence."""
+    stream = make_stream(**limits)
+    publisher = publishers(f"{NATS_URL}?subject_prefix={stream.subject_prefix}")
+    big = message("emails", "c", padding=4096)
+    with pytest.raises(PublishError, match=refusal) as info:
+        publisher.publish_batch([message("emails", "a"), message("emails", "b"), big])
+    assert info.value.published == 2 and not is_outage(info.value)
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["a", "b"]
+
+
+def test_acks_that_stop_coming_are_an_outage_after_the_acked_prefix(
+    make_stream: Callable[..., Stream], publishers: Callable[[str], NatsJetStreamPublisher]
+) -> None:
+    """Two messages are acked, then the third is met with silence (no ack, no "no responders"):
+    after ``timeout`` the batch raises NatsUnavailableError with ``published=2``, so the relay
+    marks exactly the acked prefix and charges nobody for the silence."""
+    stream = make_stream(covers="stored")
+    publisher = publishers(f"{NATS_URL}?subject_prefix={stream.subject_prefix}&timeout=1")
+    batch = [message("stored", "a"), message("stored", "b"), message("silent", "c")]
+    with (
+        silent_subscriber(NATS_URL, f"{stream.prefix}.silent"),
+        pytest.raises(NatsUnavailableError, match="did not acknowledge") as info,
+    ):
+        publisher.publish_batch(batch)
+    assert info.value.published == 2 and is_outage(info.value)
+    assert msg_ids(stream_messages(NATS_URL, stream.name)) == ["a", "b"]
+
+
+def test_a_server_that_went_away_is_an_outage(tmp_path: Path) -> None:
+    """A publisher whose server stops after it connected: the next publish fails within the
+    timeout as NatsUnavailableError, confirming nothing, not as a failure of the message."""
+    with throwaway.nats_server(tmp_path) as server:
+        url = f"nats://127.0.0.1:{server.port}"
+        stream = add_stream(url)
+        publisher = from_url(f"{url}?subject_prefix={stream.subject_prefix}&timeout=1")
+        try:
+            publisher.publish(message("emails", "before"))
+            server.stop()
+            started = time.monotonic()
+            with pytest.raises(NatsUnavailableError) as info:
+                publisher.publish_batch([message("emails", "during")])
+            elapsed = time.monotonic() - started
+        finally:
+            publisher.close()
+    assert info.value.published == 0 and is_outage(info.value)
+    assert elapsed < 4
 
 
 def test_close_joins_the_loop_thread_and_a_later_publish_starts_afresh(
@@ -412,4 +552,4 @@ def test_relay_thread_survives_a_nats_restart_and_stores_each_message_once(
 
     assert msg_ids(stored) == [m.idempotency_key for m in committed]
     assert all(seconds < 2 + 1 for _error, seconds in recorder.failures), recorder.failures
-    assert all(isinstance(error, PublishError) for error, _s in recorder.failures)
+    assert all(is_outage(error) for error, _s in recorder.failures), recorder.failures

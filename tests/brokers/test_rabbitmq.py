@@ -9,6 +9,7 @@ same ``CONNECTION_FORCED`` close a stopping broker sends.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 from sqlalchemy import Engine
@@ -31,8 +32,12 @@ from support import (
     without_client,
 )
 
+from sqla_outbox.errors import PublishError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers import rabbitmq
+
+from . import throwaway
+from .outage import confirmed, is_outage
 
 pika = pytest.importorskip(
     "pika", reason="pika is not installed: pip install 'sqla-outbox[rabbitmq]'"
@@ -301,6 +306,101 @@ def test_an_unreachable_broker_fails_the_pass_with_the_url_and_no_password(
     assert "Could not connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in error
     assert "s3cret" not in error and "ConnectionRefused" in error
     assert relay.pending() == 1
+
+
+# --- outage or message failure ----------------------------------------------------------------
+
+
+def one_message(queue: str) -> OutboxMessage:
+    """A message built directly, for tests that call the publisher without a relay."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return OutboxMessage(uuid.uuid4(), "send_email", queue, {"n": 1}, uuid.uuid4().hex, 3,
+                         now, now)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (AMQP_URL.replace("guest:guest@", "guest:s3cret@"), "ACCESS_REFUSED"),
+        (AMQP_URL.rpartition("/")[0] + "/no-such-vhost", "NOT_ALLOWED"),
+    ],
+    ids=["login-refused", "no-such-vhost"],
+)
+def test_a_broker_that_refuses_the_connection_is_an_outage(
+    _rabbitmq_reachable: None, url: str, said: str
+) -> None:
+    """RabbitMQ is up but refuses the URL's login or vhost: nothing could be published with
+    that URL, whatever the message, so it is an outage (RabbitMQUnavailableError, still a
+    RabbitMQError), not a failure charged to the message; the password stays hidden."""
+    with (
+        rabbitmq.from_url(url) as publisher,
+        pytest.raises(rabbitmq.RabbitMQUnavailableError, match=said) as info,
+    ):
+        publisher.publish(one_message("emails"))
+    assert is_outage(info.value) and isinstance(info.value, rabbitmq.RabbitMQError)
+    assert "s3cret" not in str(info.value)
+
+
+def test_a_connection_lost_mid_batch_is_an_outage_after_the_confirmed_prefix(
+    channel: Any, declare: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection goes (a proxy in front of the broker is cut) after two confirms: the batch
+    raises RabbitMQUnavailableError with ``published=2``, so the relay marks exactly those two
+    and charges no message for the outage; the two are in the queue, the rest is not."""
+    queue = declare("cut")
+    batch = [one_message(queue) for _ in range(4)]
+    parts = urlsplit(AMQP_URL)
+    with throwaway.TcpProxy(parts.port or 5672) as proxy:
+        netloc = f"{parts.netloc.rpartition('@')[0]}@127.0.0.1:{proxy.port}"
+        url = parts._replace(netloc=netloc, query="connection_attempts=1").geturl()
+        with rabbitmq.from_url(url) as publisher:
+            publish_one = publisher._publish_one
+
+            def cut_after_the_second(message: OutboxMessage) -> None:
+                publish_one(message)
+                if message is batch[1]:
+                    proxy.cut()
+
+            monkeypatch.setattr(publisher, "_publish_one", cut_after_the_second)
+            with pytest.raises(rabbitmq.RabbitMQUnavailableError) as info:
+                publisher.publish_batch(batch)
+    assert is_outage(info.value) and confirmed(info.value) == 2
+    assert "confirmed 2 of the 4 messages" in str(info.value)
+    received = [p.message_id for _m, p, _b in drain_queue(channel, queue)]
+    assert received == [m.idempotency_key for m in batch[:2]]
+
+
+@pytest.mark.parametrize("refusal", ["unroutable", "nacked", "no-such-exchange"])
+def test_a_message_rabbitmq_refuses_is_a_message_failure(
+    channel: Any, declare: Callable[[str], str], refusal: str
+) -> None:
+    """Unroutable (no queue for the routing key), nacked (a full queue with reject-publish) and
+    a channel closed for a missing exchange (404) are RabbitMQ's answers about this message or
+    its destination: RabbitMQError from publish, PublishError with the confirmed prefix from a
+    batch, never an outage."""
+    ok = declare("ok")
+    url, queue = AMQP_URL, ok
+    if refusal == "unroutable":
+        queue = f"sqla-outbox-test-missing-{uuid.uuid4().hex[:12]}"
+    elif refusal == "nacked":
+        queue = f"sqla-outbox-test-full-{uuid.uuid4().hex[:12]}"
+        arguments = {"x-max-length": 0, "x-overflow": "reject-publish"}
+        channel.queue_declare(queue, durable=True, arguments=arguments)
+    else:
+        url = f"{AMQP_URL}?exchange=sqla-outbox-test-missing-{uuid.uuid4().hex[:12]}"
+    try:
+        with rabbitmq.from_url(url) as publisher:
+            with pytest.raises(rabbitmq.RabbitMQError) as single:
+                publisher.publish(one_message(queue))
+            first = [] if refusal == "no-such-exchange" else [one_message(ok)]
+            with pytest.raises(PublishError) as batch:
+                publisher.publish_batch([*first, one_message(queue)])
+    finally:
+        if refusal == "nacked":
+            channel.queue_delete(queue)
+    assert not is_outage(single.value)
+    assert not isinstance(single.value, rabbitmq.RabbitMQUnavailableError)
+    assert not is_outage(batch.value) and confirmed(batch.value) == len(first)
 
 
 # --- configuration -----------------------------------------------------------------------------

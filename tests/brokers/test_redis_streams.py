@@ -35,9 +35,15 @@ import sqla_outbox as outbox
 from sqla_outbox.errors import PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers import redis_streams
-from sqla_outbox.publishers.redis_streams import RedisStreamsPublisher, from_url
+from sqla_outbox.publishers.outages import redis_unavailable
+from sqla_outbox.publishers.redis_streams import (
+    RedisStreamsPublisher,
+    RedisUnavailableError,
+    from_url,
+)
 
 from . import throwaway
+from .outage import confirmed, is_outage
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -194,20 +200,90 @@ def test_a_refused_xadd_confirms_exactly_the_prefix_before_it(
     publisher.close()
     assert info.value.published == 0
     assert bad in str(info.value)
+    assert not is_outage(info.value)  # Redis answered about this key: a message failure
 
 
 def test_an_unreachable_redis_fails_the_publish_within_socket_timeout() -> None:
-    """Nothing listening: publish raises PublishError(published=0) promptly instead of hanging
-    the relay, and says the relay will retry."""
+    """Nothing listening: publish raises RedisUnavailableError(published=0), an outage, promptly
+    instead of hanging the relay, and says the relay will retry."""
     publisher = from_url(f"redis://127.0.0.1:{free_port()}/0?socket_timeout=1")
     now = dt.datetime.now(dt.timezone.utc)
     message = OutboxMessage(uuid.uuid4(), "job", "q", None, "k", 1, now, now)
     started = time.monotonic()
-    with pytest.raises(PublishError, match=r"retries on a later pass") as info:
+    with pytest.raises(RedisUnavailableError, match=r"retries on a later pass") as info:
         publisher.publish(message)
     publisher.close()
-    assert info.value.published == 0
+    assert info.value.published == 0 and is_outage(info.value)
     assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379."), True),
+        (redis.TimeoutError("Timeout reading from socket"), True),
+        (redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"), True),
+        (redis.exceptions.AuthenticationError("invalid username-password pair"), True),
+        (redis.exceptions.OutOfMemoryError("command not allowed when used memory > ..."), True),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), True),
+        (redis.exceptions.ClusterDownError("The cluster is down"), True),
+        (redis.exceptions.TryAgainError("Multiple keys request during rehashing"), True),
+        (redis.ResponseError("BUSY Redis is busy running a script."), True),
+        (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but ..."), True),
+        (
+            redis.ResponseError("Command # 3 (XADD s) of pipeline caused error: NOREPLICAS ..."),
+            True,
+        ),
+        (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), False),
+        (redis.exceptions.NoPermissionError("this user has no permissions to access ..."), False),
+        (redis.ResponseError("ERR The ID specified in XADD is equal or smaller ..."), False),
+        (ValueError("not from redis-py"), None),
+    ],
+)
+def test_what_redis_answered_decides_between_outage_and_message_failure(
+    error: Exception, outage: bool | None
+) -> None:
+    """A connection that failed and the replies that refuse every write (OOM, READONLY,
+    LOADING, CLUSTERDOWN, TRYAGAIN, BUSY, MISCONF, NOREPLICAS, also inside redis-py's pipeline
+    annotation) mean Redis takes nothing now: an outage. A reply about the key (WRONGTYPE,
+    NOPERM, any other error) is a message failure; an error not from redis-py gets no verdict."""
+    assert redis_unavailable(error) is outage
+
+
+@pytest.mark.parametrize(
+    ("condition", "reply"),
+    [
+        (("CONFIG", "SET", "maxmemory", "1"), "OutOfMemoryError"),
+        (("REPLICAOF", "127.0.0.1", "1"), "ReadOnlyError"),  # a replica, of a master that is gone
+        (("CONFIG", "SET", "min-replicas-to-write", "1"), "NOREPLICAS"),  # and it has none
+    ],
+    ids=["out-of-memory", "read-only-replica", "no-replicas"],
+)
+def test_a_redis_that_refuses_every_write_is_an_outage(
+    tmp_path: Path, condition: tuple[str, ...], reply: str
+) -> None:
+    """Redis answers, but refuses every write (OOM at maxmemory, READONLY on a replica,
+    NOREPLICAS under min-replicas-to-write): the batch raises RedisUnavailableError, an outage
+    confirming nothing, since any other message would have been refused the same; once Redis
+    takes writes again the same publisher works."""
+    with throwaway.redis_server(tmp_path) as server:
+        admin = redis.Redis(port=server.port, socket_timeout=3)
+        publisher = from_url(f"redis://127.0.0.1:{server.port}/0?socket_timeout=1")
+        try:
+            admin.execute_command(*condition)
+            with pytest.raises(RedisUnavailableError, match=reply) as info:
+                publisher.publish_batch([message_for("full", "a"), message_for("full", "b")])
+            admin.config_set("maxmemory", 0)
+            admin.config_set("min-replicas-to-write", 0)
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+            publisher.publish(message_for("full", "c"))
+            length = admin.xlen("full")
+        finally:
+            publisher.close()
+            admin.close()
+    assert is_outage(info.value) and confirmed(info.value) == 0
+    assert "taking no writes" in str(info.value)
+    assert length == 1
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -320,7 +396,7 @@ def test_relay_thread_survives_a_redis_restart_and_loses_nothing(
     delivered = [entry["idempotency_key"] for entry in before + after]
     assert unique_in_order(delivered) == [message.idempotency_key for message in committed]
     assert all(seconds < 3 for _error, seconds in recorder.failures), recorder.failures
-    assert all(isinstance(error, PublishError) for error, _s in recorder.failures)
+    assert all(is_outage(error) for error, _s in recorder.failures), recorder.failures
 
 
 def test_a_restart_between_two_publishes_is_invisible_to_the_next_one(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Throwaway broker processes: a private redis-server or nats-server a test may stop and restart.
+"""Throwaway brokers: a private redis-server or nats-server a test may stop and restart, and a
+TCP proxy a test may cut, for a broker that cannot be stopped (the shared RabbitMQ).
 
 The shared brokers on the default ports must never be stopped by a test, so a test that needs a
 broker outage starts its own on a free loopback port, with its data in a temporary directory.
@@ -14,10 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -147,3 +150,78 @@ def nats_server(workdir: Path) -> Iterator[BrokerProcess]:
 
     with _running(make) as broker:
         yield broker
+
+
+class TcpProxy:
+    """Forwards a free loopback port to ``upstream_port``; :meth:`cut` ends it for good.
+
+    Cutting closes the listening socket and every connection made through it, so a client
+    sees its broker vanish mid-connection, and its reconnects are refused, without the broker
+    itself being touched. Use it as a context manager; leaving the block cuts it.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._cut = False
+        self._spawn(self._accept)
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.cut()
+
+    def cut(self) -> None:
+        """Close the listener and every forwarded connection, then join the threads. Idempotent."""
+        with self._lock:
+            if self._cut:
+                return
+            self._cut = True
+            sockets = [self._listener, *self._sockets]
+        for sock in sockets:
+            # shutdown() wakes a thread blocked in accept() or recv() on it; close() alone
+            # does not on Linux. It fails on a socket that is no longer connected.
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(STOP_TIMEOUT)
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name="tcp-proxy", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _address = self._listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets += [client, upstream]
+                self._spawn(self._pump, client, upstream)
+                self._spawn(self._pump, upstream, client)
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass  # cut, or the other side went away: either way this direction is done
