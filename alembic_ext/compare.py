@@ -1,18 +1,31 @@
-"""Autogenerate comparator: write ``op.create_outbox_table()`` instead of the table spelled out.
+"""Autogenerate comparator: the outbox operations instead of the table spelled out.
 
 Alembic's own table comparison already notices a missing outbox table; left alone it would write
-``op.create_table('outbox', ...)`` with every column, plus ``op.create_index(...)`` for the partial
-index, freezing today's definition (and an import of ``sqla_outbox.model.UTCDateTime``) into the
-application's migration history. This comparator runs *after* Alembic's table comparison and
-rewrites exactly those operations into one :class:`~alembic_ext.ops.CreateOutboxTableOp`. In the
-other direction, an outbox table that is in the database but no longer in the target metadata
-becomes one :class:`~alembic_ext.ops.DropOutboxTableOp`, whose downgrade recreates the canonical
-table rather than a reflected approximation of it.
+``op.create_table('outbox', ...)`` with every column, plus ``op.create_index(...)`` for each
+partial index (and an import of ``sqla_outbox.coltypes.UTCDateTime`` that it never writes) into
+the application's migration history. This comparator runs *after* Alembic's table comparison and
+rewrites those operations:
 
-Nothing else is touched: other tables' operations, and any change Alembic finds on an *existing*
-outbox table (a column an operator added, say), are left as Alembic wrote them. On an up-to-date
-outbox table Alembic 1.13+ reports no differences (types, server defaults and the partial index
-all compare equal on PostgreSQL and SQLite), so there is nothing to suppress.
+* a missing outbox becomes one ``op.create_outbox_table(version=N)``, N being the version of the
+  outbox table in the target metadata (``outbox.SCHEMA_VERSION`` for ``outbox.metadata``),
+  always written out, since a bare call means version 1;
+* an outbox table in the database but no longer in the target metadata becomes one
+  ``op.drop_outbox_table(version=N)`` (N: the database table's version), whose downgrade
+  recreates exactly that version rather than a reflected approximation of it;
+* an outbox table in the database at an older version than the target metadata's (Alembic would
+  write ``add_column``/``create_index`` for the new version's columns and indexes, and
+  ``create_table_comment``) becomes one ``op.upgrade_outbox_table(found, wanted)``, whose
+  reverse (``downgrade()``) moves it back. Once the table is current, nothing is written.
+
+Nothing else is touched: other tables' operations, and any other change Alembic finds on an
+existing outbox table (a column an operator added, say), are left as Alembic wrote them, after
+the upgrade operation. On an up-to-date outbox table Alembic 1.13+ reports no differences (types,
+server defaults, the partial indexes and the comment all compare equal on PostgreSQL and SQLite),
+so there is nothing to suppress.
+
+A table is only treated as the outbox if it has one released version's exact layout (column
+names in order, primary-key name, index names; see :func:`outbox_version`); an unrelated table
+of yours named ``outbox`` is left to Alembic.
 
 Registration
 ------------
@@ -39,16 +52,16 @@ finds the module already imported).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any
 
 from alembic.autogenerate import comparators
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import ops
-from sqlalchemy import Table
+from sqlalchemy import MetaData, Table
 
-from alembic_ext.ops import CreateOutboxTableOp, DropOutboxTableOp
-from sqla_outbox.model import TABLE_NAME
-from sqla_outbox.model import metadata as outbox_metadata
+from alembic_ext.ops import CreateOutboxTableOp, DropOutboxTableOp, UpgradeOutboxTableOp
+from sqla_outbox.versions import STEPS, TABLE_NAME, VERSIONS, build_table, version_from_comment
 
 try:  # Alembic >= 1.18: prioritised comparator chains
     from alembic.util import DispatchPriority, PriorityDispatchResult
@@ -57,13 +70,15 @@ except ImportError:  # pragma: no cover - Alembic 1.13 to 1.17
 else:
     _HAS_PRIORITIES = True
 
-__all__ = ["compare_outbox_table", "is_outbox_table"]
+__all__ = ["compare_outbox_table", "is_outbox_table", "outbox_version"]
 
 _SUBGROUP = "sqla_outbox"
 
 
-def _canonical() -> Table:
-    return outbox_metadata.tables[TABLE_NAME]
+@cache
+def _canonical(version: int) -> Table:
+    # Read only: compared against, never handed out.
+    return build_table(version, MetaData())
 
 
 def _index_names(table: Table) -> set[str]:
@@ -75,24 +90,39 @@ def _pk_name(table: Table) -> str | None:
     return None if name is None else str(name)
 
 
-def is_outbox_table(table: Table) -> bool:
-    """Whether ``table`` is the library's outbox table (or a schema-moved copy of it).
+def _all_index_names() -> set[str]:
+    return {name for step in STEPS.values() for name in step.index_names()}
 
-    The rewrite is only correct if ``op.create_outbox_table()`` would build the same table, so an
-    application's unrelated table that merely happens to be called ``outbox`` is left alone: the
-    name, the columns in order, the primary key's name and the index names must all match.
-    Copies made with ``Table.to_metadata(..., schema=...)`` match, so an app that places the outbox
-    in its own schema still gets ``op.create_outbox_table(schema=...)``.
+
+def outbox_version(table: Table) -> int | None:
+    """The outbox table version whose layout ``table`` has, or ``None`` if it is no outbox.
+
+    The name, the columns in order, the primary key's name and the index names must all match
+    that version (column types are Alembic's to compare). Copies made with
+    ``Table.to_metadata(..., schema=...)`` match, so an app that places the outbox in its own
+    schema still gets the outbox operations.
     """
-    canonical = _canonical()
-    if table is canonical:
-        return True
-    return (
-        table.name == canonical.name
-        and [c.name for c in table.columns] == [c.name for c in canonical.columns]
-        and _pk_name(table) == _pk_name(canonical)
-        and _index_names(table) == _index_names(canonical)
-    )
+    for version in reversed(VERSIONS):
+        canonical = _canonical(version)
+        if (
+            table.name == canonical.name
+            and [c.name for c in table.columns] == [c.name for c in canonical.columns]
+            and _pk_name(table) == _pk_name(canonical)
+            and _index_names(table) == _index_names(canonical)
+        ):
+            return version
+    return None
+
+
+def is_outbox_table(table: Table) -> bool:
+    """Whether ``table`` is the library's outbox table, of any released version (or a
+    schema-moved copy of one).
+
+    The rewrite is only correct if ``op.create_outbox_table(version=N)`` would build the same
+    table, so an application's unrelated table that merely happens to be called ``outbox`` is
+    left alone (see :func:`outbox_version`).
+    """
+    return outbox_version(table) is not None
 
 
 def _table_key(name: str, schema: str | None) -> str:
@@ -104,22 +134,53 @@ def _normalise_schema(autogen_context: AutogenContext, schema: str | None) -> st
     return None if schema == autogen_context.dialect.default_schema_name else schema
 
 
-def _metadata_table(autogen_context: AutogenContext, op: ops.CreateTableOp) -> Table | None:
-    return autogen_context.table_key_to_table.get(_table_key(op.table_name, op.schema))
+def _metadata_table(autogen_context: AutogenContext, name: str, schema: str | None) -> Table | None:
+    table_key_to_table = autogen_context.table_key_to_table
+    table = table_key_to_table.get(_table_key(name, schema))
+    if table is None and schema is not None:
+        table = table_key_to_table.get(_table_key(name, _normalise_schema(autogen_context, schema)))
+    return table
 
 
-def _database_table_is_outbox(autogen_context: AutogenContext, schema: str | None) -> bool:
-    """Whether the table ``outbox`` in ``schema`` of the database has the outbox's shape."""
+def _database_version(
+    autogen_context: AutogenContext, schema: str | None, *, exact: bool
+) -> int | None:
+    """The version of the database's table ``outbox`` in ``schema``, if it has an outbox's shape.
+
+    Version N's shape: all of N's columns and indexes, and none of the columns a later version
+    adds. With ``exact`` (for a drop, whose reverse recreates the table) no other column either;
+    without, columns of the application's own are allowed (they are Alembic's to compare). The
+    comment, where the dialect keeps one, decides between versions that share their columns.
+    """
     inspector = autogen_context.inspector
-    canonical = _canonical()
-    columns = [column["name"] for column in inspector.get_columns(TABLE_NAME, schema=schema)]
+    if not inspector.has_table(TABLE_NAME, schema=schema):
+        return None  # created by this migration: Alembic lists its indexes as a table change
+    columns = {column["name"] for column in inspector.get_columns(TABLE_NAME, schema=schema)}
     indexes = {
         str(index["name"])
         for index in inspector.get_indexes(TABLE_NAME, schema=schema)
         if index["name"] is not None
     }
-    expected_columns = {column.name for column in canonical.columns}
-    return set(columns) == expected_columns and _index_names(canonical) <= indexes
+    ours = {name for step in STEPS.values() for name in step.column_names()}
+    candidates = []
+    for version in VERSIONS:
+        expected = {column.name for column in _canonical(version).columns}
+        extra = columns - expected
+        if (
+            expected <= columns
+            and not (extra & ours)
+            and not (exact and extra)
+            and _index_names(_canonical(version)) <= indexes
+        ):
+            candidates.append(version)
+    if not candidates:
+        return None
+    if autogen_context.dialect.supports_comments:
+        comment = inspector.get_table_comment(TABLE_NAME, schema=schema)["text"]
+        recorded = version_from_comment(comment)
+        if recorded in candidates:
+            return recorded
+    return max(candidates)
 
 
 def _strip_index_ops(
@@ -129,7 +190,7 @@ def _strip_index_ops(
     index_op_type: type[ops.CreateIndexOp] | type[ops.DropIndexOp],
 ) -> list[ops.MigrateOperation]:
     """Drop the outbox's own index operations for tables in ``schemas``; keep everything else."""
-    names = _index_names(_canonical())
+    names = _all_index_names()
     result: list[ops.MigrateOperation] = []
     for op in operations:
         if (
@@ -148,25 +209,58 @@ def _strip_index_ops(
     return result
 
 
+def _covered_by_move(child: ops.MigrateOperation, move: UpgradeOutboxTableOp) -> bool:
+    """Whether Alembic's ``child`` operation is part of what ``move`` does."""
+    changed = [STEPS[max(old, new)] for old, new in move.steps()]
+    columns = {name for step in changed for name in step.column_names()}
+    indexes = {name for step in changed for name in step.index_names()}
+    if isinstance(child, ops.AddColumnOp):
+        return child.column.name in columns
+    if isinstance(child, ops.DropColumnOp):
+        return child.column_name in columns
+    if isinstance(child, (ops.CreateIndexOp, ops.DropIndexOp)):
+        return child.index_name in indexes
+    # The table comment records the version; the move sets it.
+    return isinstance(child, (ops.CreateTableCommentOp, ops.DropTableCommentOp))
+
+
+def _move(autogen_context: AutogenContext, op: ops.ModifyTableOps) -> UpgradeOutboxTableOp | None:
+    """The move between versions that Alembic's changes to an outbox table stand for, if any."""
+    table = _metadata_table(autogen_context, op.table_name, op.schema)
+    wanted = None if table is None else outbox_version(table)
+    if wanted is None:
+        return None
+    found = _database_version(autogen_context, op.schema, exact=False)
+    if found is None or found == wanted:
+        return None
+    return UpgradeOutboxTableOp(found, wanted, schema=op.schema)
+
+
 def _rewrite(autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps) -> None:
     created: set[str | None] = set()
     dropped: set[str | None] = set()
     rewritten: list[ops.MigrateOperation] = []
     for op in upgrade_ops.ops:
         if isinstance(op, ops.CreateTableOp) and op.table_name == TABLE_NAME:
-            table = _metadata_table(autogen_context, op)
-            if table is not None and is_outbox_table(table):
-                rewritten.append(CreateOutboxTableOp(schema=op.schema))
+            table = _metadata_table(autogen_context, op.table_name, op.schema)
+            version = None if table is None else outbox_version(table)
+            if version is not None:
+                rewritten.append(CreateOutboxTableOp(version=version, schema=op.schema))
                 created.add(_normalise_schema(autogen_context, op.schema))
                 continue
-        if (
-            isinstance(op, ops.DropTableOp)
-            and op.table_name == TABLE_NAME
-            and _database_table_is_outbox(autogen_context, op.schema)
-        ):
-            rewritten.append(DropOutboxTableOp(schema=op.schema))
-            dropped.add(_normalise_schema(autogen_context, op.schema))
-            continue
+        if isinstance(op, ops.DropTableOp) and op.table_name == TABLE_NAME:
+            version = _database_version(autogen_context, op.schema, exact=True)
+            if version is not None:
+                rewritten.append(DropOutboxTableOp(version=version, schema=op.schema))
+                dropped.add(_normalise_schema(autogen_context, op.schema))
+                continue
+        if isinstance(op, ops.ModifyTableOps) and op.table_name == TABLE_NAME:
+            move = _move(autogen_context, op)
+            if move is not None:
+                rewritten.append(move)
+                op.ops = [child for child in op.ops if not _covered_by_move(child, move)]
+                if op.is_empty():
+                    continue
         rewritten.append(op)
     if created:
         rewritten = _strip_index_ops(autogen_context, rewritten, created, ops.CreateIndexOp)

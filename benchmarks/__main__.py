@@ -1,8 +1,8 @@
 """The benchmark suite: ``.venv/bin/python -m benchmarks [--quick] [--only NAME] [--json PATH]``.
 
-The suite creates its own databases (``<db>`` and ``<db>_history`` from ``--url``), drops them
-when it is done (unless ``--keep``), runs the selected workloads and prints one table. Progress
-goes to stderr, the table to stdout. See ``docs/performance.md`` for what each row means.
+The suite creates its own databases (``<db>``, ``<db>_history`` and ``<db>_held`` from ``--url``),
+drops them when it is done (unless ``--keep``), runs the selected workloads and prints one table.
+Progress goes to stderr, the table to stdout. See ``docs/performance.md`` for what each row means.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
 
-from benchmarks import claim_history, drain, enqueue, latency, memory
+from benchmarks import claim_history, drain, drain_failures, enqueue, held_back, latency, memory
 from benchmarks.harness import (
     DEFAULT_URL,
     Context,
@@ -46,7 +46,9 @@ WORKLOADS = (
     Workload("enqueue_10", "enqueue", enqueue.run_batch),
     Workload("drain", "drain", drain.run_drain),
     Workload("two_relays", "drain", drain.run_two_relays),
+    Workload("drain_failures", "drain_failures", drain_failures.run),
     Workload("claim_history", "claim_history", claim_history.run),
+    Workload("claim_held_back", "held_back", held_back.run),
     Workload("latency", "latency", latency.run),
     Workload("memory", "memory", memory.run),
 )
@@ -109,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             drop_database(url)
             drop_database(claim_history.history_url(url))
+            drop_database(held_back.held_url(url))
     elapsed = time.perf_counter() - started
     load_after = load_average()
     print()

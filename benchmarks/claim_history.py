@@ -13,10 +13,13 @@ databases (and between the library's claim and the raw-SQL claim of
 :data:`benchmarks.drain.RAW_CLAIM`), each timed alone and followed, untimed, by a mark of its
 rows so the backlog drains the same way in both. The backlog is refilled before it runs low.
 
-The library's claim is executed exactly as the relay runs it: the statement from
-:func:`sqla_outbox.queries.claim_stmt` on an autocommit connection of the same engine. The
-comparison is each claim against itself with and without history, so the baseline is the same
-code on the same backlog: only the history differs. The raw-SQL row is informative.
+The library's claim is executed exactly as the relay runs it (:class:`LibraryClaim`): the
+statement from :func:`sqla_outbox.queries.claim_stmt`, pre-compiled as driver SQL
+(:mod:`sqla_outbox.driver_sql`), on one autocommit connection of the same engine held across
+claims, with ``SET jit = off`` on it as :mod:`sqla_outbox.claims` does, the window widened by
+the rows the previous claim had to leave. The comparison is each claim against itself with and
+without history, so the baseline is the same code on the same backlog: only the history
+differs. The raw-SQL row is informative.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from benchmarks.drain import RAW_CLAIM
@@ -42,11 +45,26 @@ from benchmarks.harness import (
     make_engine,
     recreate_database,
 )
-from sqla_outbox import queries
+from sqla_outbox import driver_sql, queries
 
-__all__ = ["history_url", "run"]
+__all__ = [
+    "BATCH",
+    "MAX_WINDOW",
+    "ClaimSide",
+    "LibraryClaim",
+    "claim_side",
+    "explain_claim",
+    "history_url",
+    "library_claim",
+    "raw_claim",
+    "run",
+    "side_context",
+]
 
 BATCH = 100
+MAX_WINDOW = 16
+"""The relay's widest claim window, in batches (``sqla_outbox.claims._MAX_WINDOW``)."""
+LEASE = dt.timedelta(seconds=30)
 
 _HISTORY = """
 INSERT INTO outbox (id, job, queue, input, idempotency_key, max_attempts, run_at, staged_at,
@@ -71,41 +89,109 @@ def history_url(url: URL) -> URL:
     return url.set(database=f"{url.database}_history")
 
 
+class LibraryClaim:
+    """The relay's claim, sent as the relay sends it, on one database.
+
+    What :class:`sqla_outbox.claims.ClaimStatements` does for a claim without a pending mark:
+
+    * the statement of :func:`sqla_outbox.queries.claim_stmt`, compiled once by
+      :func:`sqla_outbox.driver_sql.precompile` and sent with ``exec_driver_sql``, its rows read
+      as psycopg tuples from the cursor;
+    * on one autocommit connection held across claims, with ``SET jit = off`` run on it once
+      (the relay's held connection does the same: the claim's cost estimate crosses
+      ``jit_above_cost`` at a window of about 1,000 rows, and JIT compilation then costs more
+      than the claim);
+    * parameters ``limit`` (the batch), ``window``, ``token`` and ``lease`` (30 s); the window
+      starts at the batch and is ``min(batch + held, 16 * batch)`` after each claim, ``held``
+      being the claim's second leading column, as the relay widens it.
+
+    Call it with a token; it returns ``(seconds, parked, held, claimed ids)``, the seconds
+    covering the execute and the fetch of the rows only.
+    """
+
+    def __init__(self, autocommit: Engine, batch: int = BATCH) -> None:
+        dialect = autocommit.dialect
+        if not driver_sql.applies(dialect, autocommit.get_execution_options()):
+            raise RuntimeError("the benchmarks run on postgresql+psycopg only")
+        self.batch = batch
+        self.window = batch
+        self._claim = driver_sql.precompile(queries.claim_stmt(dialect.name), dialect)
+        self.conn: Connection = autocommit.connect()
+        self.conn.exec_driver_sql("SET jit = off")
+
+    def __call__(self, token: str) -> tuple[float, int, int, list[Any]]:
+        params = self._claim.params(
+            {"limit": self.batch, "window": self.window, "lease": LEASE, "token": token}
+        )
+        start = time.perf_counter()
+        result = self.conn.exec_driver_sql(self._claim.sql, params)
+        rows = result.cursor.fetchall()  # type: ignore[union-attr]
+        elapsed = time.perf_counter() - start
+        result.close()
+        parked, held = rows[0][0], rows[0][1]
+        ids = [row[2] for row in rows if row[2] is not None]
+        self.window = min(self.batch + held, MAX_WINDOW * self.batch)
+        return elapsed, parked, held, ids
+
+    def sql(self) -> tuple[str, dict[str, Any]]:
+        """The statement and the parameters of the next claim (for ``EXPLAIN``)."""
+        params = {"limit": self.batch, "window": self.window, "lease": LEASE, "token": "explain"}
+        return self._claim.sql, self._claim.params(params)
+
+    def close(self) -> None:
+        """Reset ``jit`` (as the relay does before its connection goes back to the pool)."""
+        self.conn.exec_driver_sql("RESET jit")
+        self.conn.close()
+
+
+def explain_claim(ctx: Context, claim: LibraryClaim) -> str:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of ``claim``'s next claim on ``ctx``'s database, with
+    ``jit = off`` as on the relay's connection; rolled back, so it claims and parks nothing."""
+    sql, params = claim.sql()
+    with ctx.raw(autocommit=False) as conn:
+        conn.execute(b"SET LOCAL jit = off")
+        rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}".encode(), params).fetchall()
+        conn.rollback()
+    return "\n".join(str(row[0]) for row in rows)
+
+
 @dataclass
-class _Side:
-    """One database: its context, its autocommit engine (as the relay uses) and a raw connection."""
+class ClaimSide:
+    """One database: its context, the library's claim (on the relay's kind of connection) and a
+    raw psycopg connection for the baseline claim and the marks.
+
+    ``backlog`` is the condition of the rows :meth:`refill` deletes before it writes a new
+    backlog: everything but what the workload inserted to be there for good.
+    """
 
     ctx: Context
-    autocommit: Engine
+    claim: LibraryClaim
     conn: psycopg.Connection[tuple[Any, ...]]
+    backlog: str = "claimed_by IS DISTINCT FROM 'history'"
 
     def refill(self, backlog: int) -> None:
-        self.ctx.sql("DELETE FROM outbox WHERE claimed_by IS DISTINCT FROM 'history'")
+        self.ctx.sql(f"DELETE FROM outbox WHERE {self.backlog}")
         fill_backlog(self.ctx, backlog)
         self.ctx.sql("VACUUM ANALYZE outbox", "CHECKPOINT")
 
     def mark(self, ids: list[Any]) -> None:
         self.conn.execute(_MARK_IDS, (ids,))
 
+    def close(self) -> None:
+        self.claim.close()
+        self.conn.close()
 
-def _library_claim(side: _Side) -> Callable[[], float]:
-    claim = queries.claim_stmt(side.autocommit.dialect.name)
-    lease = dt.timedelta(seconds=30)
 
+def library_claim(side: ClaimSide) -> Callable[[], float]:
     def run() -> float:
-        token = f"lib:{secrets.token_hex(8)}"
-        params = {"limit": BATCH, "lease": lease, "token": token}
-        start = time.perf_counter()
-        with side.autocommit.connect() as conn:
-            rows = conn.execute(claim, params).all()
-        elapsed = time.perf_counter() - start
-        side.mark([row[0] for row in rows])
+        elapsed, _parked, _held, ids = side.claim(f"lib:{secrets.token_hex(8)}")
+        side.mark(ids)
         return elapsed * 1000
 
     return run
 
 
-def _raw_claim(side: _Side) -> Callable[[], float]:
+def raw_claim(side: ClaimSide) -> Callable[[], float]:
     def run() -> float:
         token = f"raw:{secrets.token_hex(8)}"
         start = time.perf_counter()
@@ -117,26 +203,16 @@ def _raw_claim(side: _Side) -> Callable[[], float]:
     return run
 
 
-def _plan(side: _Side) -> str:
-    """EXPLAIN ANALYZE of the library's claim (rolled back, so it claims nothing)."""
-    claim = queries.claim_stmt(side.autocommit.dialect.name)
-    compiled = claim.compile(dialect=side.autocommit.dialect)
-    params = {
-        **compiled.params,
-        "limit": BATCH,
-        "lease": dt.timedelta(seconds=30),
-        "token": "explain",
-    }
-    with side.ctx.raw(autocommit=False) as conn:
-        rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {compiled}".encode(), params).fetchall()
-        conn.rollback()
-    return "\n".join(str(row[0]) for row in rows)
+def side_context(ctx: Context, url: URL, engine: Engine) -> Context:
+    """A :class:`Context` like ``ctx`` on another database of the suite."""
+    return Context(url=url, scale=ctx.scale, engine=engine, quick=ctx.quick, log=ctx.log)
 
 
-def _side(ctx: Context, url: URL, engine: Engine) -> _Side:
-    side_ctx = Context(url=url, scale=ctx.scale, engine=engine, quick=ctx.quick, log=ctx.log)
-    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-    return _Side(side_ctx, autocommit, side_ctx.raw())
+def claim_side(ctx: Context, url: URL, engine: Engine, **fields: Any) -> ClaimSide:
+    """A :class:`ClaimSide` on the database ``url`` (``engine`` is the suite's engine on it)."""
+    side_ctx = side_context(ctx, url, engine)
+    claim = LibraryClaim(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    return ClaimSide(side_ctx, claim, side_ctx.raw(), **fields)
 
 
 def run(ctx: Context) -> list[Result]:
@@ -145,16 +221,16 @@ def run(ctx: Context) -> list[Result]:
     hist_url = history_url(ctx.url)
     recreate_database(hist_url)
     hist_engine = make_engine(hist_url)
-    empty = _side(ctx, ctx.url, ctx.engine)
-    history = _side(ctx, hist_url, hist_engine)
+    empty = claim_side(ctx, ctx.url, ctx.engine)
+    history = claim_side(ctx, hist_url, hist_engine)
     ctx.log(f"inserting {scale.history_rows:,} published rows (generate_series)")
     with history.ctx.raw() as conn:
         conn.execute(_HISTORY.encode(), (scale.history_rows,))
     arms: dict[str, Callable[[], float]] = {
-        "library, history": _library_claim(history),
-        "library, empty": _library_claim(empty),
-        "raw SQL, history": _raw_claim(history),
-        "raw SQL, empty": _raw_claim(empty),
+        "library, history": library_claim(history),
+        "library, empty": library_claim(empty),
+        "raw SQL, history": raw_claim(history),
+        "raw SQL, empty": raw_claim(empty),
     }
     samples: dict[str, list[float]] = {name: [] for name in arms}
     # Each iteration takes BATCH rows per arm; refill while at least half the backlog is left.
@@ -167,13 +243,13 @@ def run(ctx: Context) -> list[Result]:
                 for side in (empty, history):
                     side.refill(scale.backlog_rows)
                 if not plan:
-                    plan = _plan(history)
+                    plan = explain_claim(history.ctx, history.claim)
             names = list(arms) if index % 2 == 0 else list(reversed(arms))
             for name in names:
                 samples[name].append(arms[name]())
     finally:
         for side in (empty, history):
-            side.conn.close()
+            side.close()
         hist_engine.dispose()
     label = f"{scale.history_rows:,}"
     return [

@@ -20,8 +20,10 @@ Workload 3, per batch size, three arms:
   timestamps): the database's own limit for an at-least-once relay. It lacks the library's
   per-transaction ordering guard across concurrent relays, which is part of what is priced.
 * **library SQL, no Python** (informative): the same psycopg loop sending the relay's exact
-  statements (compiled from :mod:`sqla_outbox.queries`: a claim, then each pass's mark inside
-  the next claim, as ``Relay.drain()`` does). It splits the gap between the other two:
+  statements (compiled from :mod:`sqla_outbox.queries` as the relay compiles them: a claim,
+  then each pass's mark inside the next claim, as ``Relay.drain()`` does), with the relay's
+  parameters (window = batch size, widened as the relay widens it) and, like the relay's
+  connection, ``SET jit = off``. It splits the gap between the other two:
   ``raw SQL -> library SQL`` is what the library's claim costs in the database,
   ``library SQL -> ours`` is SQLAlchemy and Python per row and per pass.
 
@@ -55,7 +57,7 @@ from benchmarks.harness import (
     restore_outbox,
     snapshot_outbox,
 )
-from sqla_outbox import queries
+from sqla_outbox import driver_sql, queries
 
 __all__ = ["BATCH_SIZES", "BENCH_RELAY_ID", "RAW_CLAIM", "RAW_MARK", "run_drain", "run_two_relays"]
 
@@ -63,6 +65,7 @@ BATCH_SIZES = (100, 500, 1000)
 TWO_RELAYS_BATCH = 100  # the library's default batch size
 RELAYS_TIMEOUT = 120.0  # seconds; a round that times out reports the rows it did publish
 ABSOLUTE_TARGET = 25_000.0  # rows/s at batch 1000
+MAX_WINDOW = 16  # the relay's widest claim window, in batches (sqla_outbox.claims._MAX_WINDOW)
 
 _COLUMNS = ", ".join(queries.MESSAGE_FIELDS)
 RAW_CLAIM = (
@@ -154,46 +157,60 @@ def _drain_raw(ctx: Context, batch_size: int) -> tuple[int, float]:
         return published, time.perf_counter() - start
 
 
-def _library_sql(ctx: Context) -> tuple[str, str, dict[str, Any]]:
-    """The relay's claim and mark-and-claim, compiled for psycopg, and their literal parameters."""
+def _library_sql(ctx: Context) -> tuple[driver_sql.Precompiled, driver_sql.Precompiled]:
+    """The relay's claim and mark-and-claim, compiled as the relay compiles them for psycopg.
+
+    Each keeps its own literal parameters: both statements have a ``param_1``, and it is not
+    the same value (the claim's parks, the merged statement's first one unparks).
+    """
     dialect = ctx.engine.dialect
-    claim = queries.claim_stmt(dialect.name).compile(dialect=dialect)
-    merged = queries.mark_and_claim_stmt().compile(dialect=dialect)
-    return str(claim), str(merged), {**claim.params, **merged.params}
+    claim = driver_sql.precompile(queries.claim_stmt(dialect.name), dialect)
+    merged = driver_sql.precompile(queries.mark_and_claim_stmt(), dialect)
+    return claim, merged
 
 
 def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     """The relay's exact statements from a bare psycopg loop: the library's SQL, minus Python.
 
     As ``Relay.drain()`` sends them: a claim, then each pass's mark inside the next claim (the
-    ``marked`` count first, then the message columns), until a claim comes back empty.
+    ``marked`` and ``unparked`` counts first, then the claim's ``parked`` and ``held``, then
+    the message columns), until a claim comes back empty; the window widened by the rows the
+    last claim had to leave, as the relay does (it stays at the batch size here: nothing is
+    held back). The connection runs ``SET jit = off`` first (untimed), as the relay's held
+    connection does: the claim's cost estimate crosses ``jit_above_cost`` at a window of about
+    1,000 rows, and the arm would otherwise time JIT compilation the relay never does.
     """
-    claim_sql, merged_sql, constants = _library_sql(ctx)
+    claim, merged = _library_sql(ctx)
     lease = dt.timedelta(seconds=30)
+    widest = MAX_WINDOW * batch_size
     with ctx.raw() as conn:
+        conn.execute(b"SET jit = off")
         published = 0
+        window = batch_size
         previous: dict[str, Any] = {}
         start = time.perf_counter()
         while True:
             token = f"lib:{secrets.token_hex(8)}"
-            params = {**constants, **previous, "limit": batch_size, "lease": lease, "token": token}
-            if previous:
-                rows = conn.execute(merged_sql.encode(), params).fetchall()
-                rows = [row[1:] for row in rows] if rows[0][1] is not None else []
-            else:
-                rows = conn.execute(claim_sql.encode(), params).fetchall()
+            statement = merged if previous else claim
+            params = statement.params(
+                {
+                    **previous,
+                    "limit": batch_size,
+                    "window": window,
+                    "lease": lease,
+                    "token": token,
+                }
+            )
+            header = 4 if previous else 2
+            rows = conn.execute(statement.sql.encode(), params).fetchall()
+            window = min(batch_size + rows[0][header - 1], widest)
+            rows = [row[header:] for row in rows] if rows[0][header] is not None else []
             for row in rows:
                 _noop(row)
             if not rows:
                 break
             published += len(rows)
-            previous = {
-                "previous_token": token,
-                "previous_first_staged_at": rows[0][7],  # rows come in claim order
-                "previous_first_id": rows[0][0],
-                "previous_last_staged_at": rows[-1][7],
-                "previous_last_id": rows[-1][0],
-            }
+            previous = {"previous_token": token, "previous_ids": [row[0] for row in rows]}
         return published, time.perf_counter() - start
 
 

@@ -11,11 +11,12 @@ request-scoped shape), on the same engine, writing one ``bench_orders`` row:
   table, same column types binding the values, same driver, same round trips. It skips only what
   the library adds: validation, the staging bookkeeping and its session event hooks.
 * **business only** (workload 1): the order alone; the price of the outbox in any form.
-* **DBAPI INSERT** (workload 1; ours must stay at 0.95 of it or better): the order + the library's own compiled INSERT of
-  the same row, executed on the session's DBAPI connection (``driver_connection.execute``), so
-  no SQLAlchemy statement execution at all. Against it, ours shows what going through
-  SQLAlchemy's ``Connection`` costs: the price of the INSERT appearing in SQL logs, cursor
-  events and tracing, and of errors arriving as SQLAlchemy exceptions.
+* **DBAPI INSERT** (workload 1; ours must stay at 0.95 of it or better): the order + the
+  library's own compiled INSERT of the same row, executed on the session's DBAPI connection
+  (``driver_connection.execute``), so no SQLAlchemy statement execution at all. Against it,
+  ours shows what going through SQLAlchemy's ``Connection`` costs: the price of the INSERT
+  appearing in SQL logs, cursor events and tracing, and of errors arriving as SQLAlchemy
+  exceptions.
 * **raw SQL limit** (workload 1, informative): the same two transactions, order alone and order
   plus the same outbox row, from a bare psycopg connection with no SQLAlchemy on either side.
   Their ratio is what one more row in the transaction costs the database itself (a round trip,

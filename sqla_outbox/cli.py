@@ -1,7 +1,9 @@
-"""The ``sqla-outbox`` console script: ``relay``, ``status`` and ``demo``.
+"""The ``sqla-outbox`` console script: ``relay``, ``status``, ``dead``, ``purge`` and ``demo``.
 
-``relay`` runs a :class:`~sqla_outbox.Relay` in the foreground; ``status`` shows the backlog
-and who holds it; ``demo`` tells the whole story on a throwaway SQLite database.
+``relay`` runs a :class:`~sqla_outbox.Relay` in the foreground; ``status`` shows the backlog,
+who holds it and which failed rows hold back others; ``dead list|retry|discard`` lets an operator
+see and settle the dead letters (:mod:`sqla_outbox.dead_letters`); ``purge`` deletes old published
+rows (:mod:`sqla_outbox.retention`); ``demo`` tells the whole story on a throwaway SQLite database.
 
 Every option is also read from an environment variable (``SQLA_OUTBOX_URL``,
 ``SQLA_OUTBOX_PUBLISHER``, ...; ``--help`` lists them), so a container needs no command line.
@@ -17,7 +19,16 @@ password hidden.
 
 Exit codes of ``relay``: ``0`` after ``--once`` published everything due, or after SIGINT or
 SIGTERM (the pass in flight finishes and its marks are written first); ``1`` if a publish failed
-under ``--once`` or the database cannot be used; ``2`` for a bad option.
+under ``--once`` (the message was charged an attempt and is retried after its backoff; the rest
+still flowed) or the database cannot be used; ``2`` for a bad option. ``dead retry`` and ``dead
+discard`` exit ``1`` when an id given is not a dead letter (after acting on those that are).
+``status`` exits ``3`` when a ``--max-age`` or ``--max-dead`` threshold is crossed (after its
+report, naming the threshold on stderr), so a cron job or a probe can tell an alert from ``1``,
+an outbox it could not read.
+
+``relay --metrics-port`` serves ``/metrics`` and ``/healthz`` beside the relay
+(:mod:`sqla_outbox.serving`); ``--log-format json`` prints one JSON object per log line
+(:mod:`sqla_outbox.logs`).
 """
 
 from __future__ import annotations
@@ -25,8 +36,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
+import re
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -36,13 +50,24 @@ from typing import Any, TypeVar
 import click
 import sqlalchemy as sa
 from click.core import ParameterSource
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from sqla_outbox import queries
+from sqla_outbox import queries, retention
+from sqla_outbox.dead_letters import (
+    DISCARD_PRIVILEGES,
+    LIST_PRIVILEGES,
+    RETRY_PRIVILEGES,
+    DeadLetter,
+    discard_dead_letters,
+    message_ids,
+    read_dead_letters,
+    retry_dead_letters,
+)
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError, OutboxError, PublisherError
-from sqla_outbox.logs import LogfmtFormatter, log_event
+from sqla_outbox.logs import LOG_FORMATS, formatter, log_event
+from sqla_outbox.metrics import PROMETHEUS_MISSING, prometheus_available
 from sqla_outbox.preflight import (
     RELAY_PRIVILEGES,
     STATUS_PRIVILEGES,
@@ -54,6 +79,7 @@ from sqla_outbox.publishers import PublisherLike
 from sqla_outbox.publishers.loader import resolve_publisher
 from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.relay import Relay
+from sqla_outbox.retries import DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX
 from sqla_outbox.schema_errors import is_permission_denied, raise_if_missing_table
 from sqla_outbox.settings import DEFAULT_CLAIM_LEASE, resolve_claim_lease
 
@@ -73,7 +99,16 @@ _FLAGS = {
     "poll_interval": "--poll-interval",
     "claim_lease": "--claim-lease",
     "relay_id": "--relay-id",
+    "order": "--order",
+    "max_publish_attempts": "--max-publish-attempts",
+    "retry_base": "--retry-base",
+    "retry_max": "--retry-max",
 }
+# An argument's name where it stands as a word (``retry_max=300``, ``order='key'``), never as part
+# of another (``ordering key``) or of a flag already written (``--order``).
+_ARGUMENT = re.compile(rf"(?<![\w-])({'|'.join(_FLAGS)})(?!\w)(=?)")
+NEVER = "never"
+"""What ``--max-publish-attempts`` takes for "retry for ever" (the library's ``None``)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -139,6 +174,41 @@ def _lease_option(command: F) -> F:
     )(command)
 
 
+class _AttemptsType(click.ParamType[int | None, Any]):
+    """A whole number, or ``never`` (``None``: retry for ever); the Relay checks the range."""
+
+    name = "attempts"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.lower() == NEVER:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither a whole number nor {NEVER!r}.", param, ctx)
+
+
+class _DurationType(click.ParamType[dt.timedelta, Any]):
+    """A duration: ``90s``, ``15m``, ``12h``, ``7d``, ``2w`` (:func:`retention.parse_duration`)."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dt.timedelta:
+        if isinstance(value, dt.timedelta):
+            return value
+        try:
+            return retention.parse_duration(str(value))
+        except ConfigurationError as error:
+            self.fail(str(error), param, ctx)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="sqla-outbox", prog_name="sqla-outbox")
 def cli() -> None:
@@ -198,9 +268,63 @@ def cli() -> None:
     "Needed behind PgBouncer in transaction pooling mode.",
 )
 @click.option(
+    "--order",
+    default="key",
+    show_default=True,
+    envvar=_env("ORDER"),
+    show_envvar=True,
+    metavar="key|strict",
+    help="key: a message waits only for the earlier messages of its transaction and its "
+    "ordering key, everything else flows past a failure. strict: nothing is published after a "
+    "failed message until it is.",
+)
+@click.option(
+    "--max-publish-attempts",
+    type=_AttemptsType(),
+    default=DEFAULT_MAX_PUBLISH_ATTEMPTS,
+    show_default=True,
+    envvar=_env("MAX_PUBLISH_ATTEMPTS"),
+    show_envvar=True,
+    metavar=f"N|{NEVER}",
+    help=f"Failed publishes after which a message becomes a dead letter (see `sqla-outbox dead "
+    f"--help`); '{NEVER}' retries it for ever.",
+)
+@click.option(
+    "--retry-base",
+    type=float,
+    default=DEFAULT_RETRY_BASE,
+    show_default=True,
+    envvar=_env("RETRY_BASE"),
+    show_envvar=True,
+    metavar="SECONDS",
+    help="After its n-th failed publish a message waits min(retry-base * 2^(n-1), retry-max) "
+    "before it is tried again.",
+)
+@click.option(
+    "--retry-max",
+    type=float,
+    default=DEFAULT_RETRY_MAX,
+    show_default=True,
+    envvar=_env("RETRY_MAX"),
+    show_envvar=True,
+    metavar="SECONDS",
+    help="The longest wait between two tries of a message.",
+)
+@click.option(
+    "--retain-published",
+    type=_DurationType(),
+    envvar=_env("RETAIN_PUBLISHED"),
+    show_envvar=True,
+    metavar="DURATION",
+    help="While idle, delete rows published longer ago than this (90s, 15m, 12h, 7d, 2w), a "
+    "bounded round at most once a minute. Default: keep them (see `sqla-outbox purge`). Not "
+    "with --once, which never idles.",
+)
+@click.option(
     "--once",
     is_flag=True,
-    help="Publish everything due, then exit (1 if a publish failed) instead of running on.",
+    help="Publish everything due, then exit instead of running on: 1 if a publish failed (that "
+    "message is retried after its backoff by the next run), else 0.",
 )
 @click.option(
     "--log-level",
@@ -209,7 +333,36 @@ def cli() -> None:
     show_default=True,
     envvar=_env("LOG_LEVEL"),
     show_envvar=True,
-    help="Structured (logfmt) log lines go to stderr from this level up.",
+    help="Structured log lines go to stderr from this level up; debug adds one line per pass.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+    default=LOG_FORMATS[0],
+    show_default=True,
+    envvar=_env("LOG_FORMAT"),
+    show_envvar=True,
+    help="logfmt: time=... level=... event=... key=value. json: one JSON object per line, "
+    "each field a key.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    envvar=_env("METRICS_PORT"),
+    show_envvar=True,
+    metavar="PORT",
+    help="Serve /metrics (Prometheus) and /healthz (200 while the relay reaches the database, "
+    'else 503) on this port. Needs pip install "sqla-outbox[prometheus]".',
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",
+    show_default=True,
+    envvar=_env("METRICS_HOST"),
+    show_envvar=True,
+    metavar="HOST",
+    help="Address --metrics-port binds: every interface by default, so Prometheus and "
+    "Kubernetes probes from outside the container reach it; 127.0.0.1 keeps it local.",
 )
 @click.pass_context
 def relay(
@@ -222,15 +375,28 @@ def relay(
     claim_lease: float,
     relay_id: str | None,
     poll_only: bool,
+    order: str,
+    max_publish_attempts: int | None,
+    retry_base: float,
+    retry_max: float,
+    retain_published: dt.timedelta | None,
     once: bool,
     log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> int:
     """Publish committed outbox rows, in order, at least once.
 
     Runs until SIGINT or SIGTERM, which let the pass in flight finish and write its marks before
     the exit (status 0). With --once it publishes what is due and exits.
+
+    With --metrics-port, /healthz answers 200 while the relay has reached the database within
+    claim-lease + max(poll-interval, 10) seconds, and 503 (with the reason) otherwise.
     """
     database_url = _require_url(ctx, url)
+    if metrics_port is not None and not prometheus_available():
+        raise click.UsageError(f"--metrics-port: {PROMETHEUS_MISSING}", ctx)
     if not publisher:
         raise click.UsageError(
             f"Missing option '--publisher'. Pass --publisher stdout (or module:attribute, or a "
@@ -246,7 +412,7 @@ def relay(
     except PublisherError as error:
         raise click.UsageError(str(error), ctx) from error
     engine = _engine(ctx, database_url)
-    with _logging_to_stderr(log_level):
+    with _logging_to_stderr(log_level, log_format):
         outbox_relay = _build_relay(
             ctx,
             engine,
@@ -256,11 +422,19 @@ def relay(
             claim_lease=claim_lease,
             relay_id=relay_id,
             poll_only=poll_only,
+            order=order,
+            max_publish_attempts=max_publish_attempts,
+            retry_base=retry_base,
+            retry_max=retry_max,
+            retain_published=retain_published,
         )
         try:
             with _database_errors(database_url):
                 outbox_relay.check()
-            with _database_errors(database_url, "while relaying", _RETRY_FIX):
+            with (
+                _serving(outbox_relay, metrics_host, metrics_port),
+                _database_errors(database_url, "while relaying", _RETRY_FIX),
+            ):
                 result = outbox_relay.run(once=once)
             if once:
                 log_event(
@@ -288,6 +462,11 @@ def _build_relay(
     claim_lease: float,
     relay_id: str | None,
     poll_only: bool,
+    order: str,
+    max_publish_attempts: int | None,
+    retry_base: float,
+    retry_max: float,
+    retain_published: dt.timedelta | None = None,
 ) -> Relay:
     # The constructor is the one place these values are validated; the CLI only renames the
     # argument in its message to the flag.
@@ -300,6 +479,11 @@ def _build_relay(
             claim_lease=claim_lease,
             relay_id=relay_id,
             poll_only=poll_only,
+            order=order,
+            max_publish_attempts=max_publish_attempts,
+            retry_base=retry_base,
+            retry_max=retry_max,
+            retain_published=retain_published,
         )
     except ConfigurationError as error:
         raise _flag_error(ctx, error) from error
@@ -307,16 +491,60 @@ def _build_relay(
 
 def _flag_error(ctx: click.Context, error: ConfigurationError) -> click.UsageError:
     message = str(error)
-    for name, flag in _FLAGS.items():
-        if message.startswith(f"{name} "):
-            message = message.replace(f"{name}=", f"{flag} ").replace(name, flag)
-            if ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT:
-                message = message.replace(flag, f"{flag} (from {_env(name.upper())})", 1)
-            break
+    name = next((name for name in _FLAGS if message.startswith(f"{name} ")), None)
+    if name is None:
+        return click.UsageError(message, ctx)
+
+    def flag(match: re.Match[str]) -> str:
+        return _FLAGS[match.group(1)] + (" " if match.group(2) else "")
+
+    message = _ARGUMENT.sub(flag, message)
+    if name == "max_publish_attempts":
+        message = message.replace("or None to", f"or {NEVER!r} to")
+    if ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT:
+        message = message.replace(_FLAGS[name], f"{_FLAGS[name]} (from {_env(name.upper())})", 1)
     return click.UsageError(message, ctx)
 
 
+@contextmanager
+def _serving(outbox_relay: Relay, host: str, port: int | None) -> Iterator[None]:
+    """Serve /metrics and /healthz on ``host:port`` while the block runs (nothing without a
+    port); a port that cannot be bound ends the command before the relay starts."""
+    if port is None:
+        yield
+        return
+    from sqla_outbox.serving import Endpoint  # noqa: PLC0415 - only --metrics-port needs it
+
+    endpoint = Endpoint(outbox_relay, host=host, port=port)
+    try:
+        endpoint.start()
+    except OSError as error:
+        raise CommandError(
+            f"Cannot serve /metrics and /healthz on {host}:{port}: {error.strerror or error}. "
+            f"Pass another --metrics-port (or {_env('METRICS_PORT')}), or stop what listens there."
+        ) from error
+    bound_host, bound_port = endpoint.address
+    log_event(
+        log,
+        logging.INFO,
+        "relay.serving",
+        relay=outbox_relay.relay_id,
+        metrics=f"http://{bound_host}:{bound_port}/metrics",
+        healthz=f"http://{bound_host}:{bound_port}/healthz",
+    )
+    try:
+        yield
+    finally:
+        endpoint.stop()
+
+
 # --- status ------------------------------------------------------------------------------------
+
+THRESHOLD_CROSSED = 3
+"""Exit code of ``status`` when a ``--max-age`` or ``--max-dead`` threshold is crossed."""
+
+HOLDING_SHOWN = 10
+"""Failed rows ``status`` lists (the first, in claim order); ``failing`` counts them all."""
 
 
 @dataclass
@@ -331,29 +559,93 @@ class RelayClaims:
 
 
 @dataclass
+class HoldingRow:
+    """A failed, unpublished row: it holds back the later rows of its transaction and key.
+
+    ``state`` is ``dead`` (a dead letter: waits for ``sqla-outbox dead retry|discard``),
+    ``backing_off`` (``retry_at`` is still ahead) or ``due`` (its backoff is over: the next
+    claim retries it). Timestamps are ISO 8601 text.
+    """
+
+    id: str
+    job: str
+    queue: str
+    ordering_key: str | None
+    attempts: int
+    state: str
+    retry_at: str | None
+    dead_at: str | None
+    last_error: str | None
+
+
+@dataclass
 class OutboxStatus:
-    """What ``sqla-outbox status`` reports; ``--json`` prints exactly these fields."""
+    """What ``sqla-outbox status`` reports; ``--json`` prints exactly these fields.
+
+    ``due`` counts the rows a relay could claim now: not dead, not parked, past ``run_at`` and
+    any retry backoff. ``backing_off`` rows wait out a retry backoff; ``dead`` rows are dead
+    letters; ``parked`` rows are held back behind a failed or dead row. ``holding`` lists the
+    first :data:`HOLDING_SHOWN` failed rows (of ``failing``), in claim order.
+    """
 
     url: str
     pending: int
     due: int
     oldest_pending_age_seconds: float | None
     failing: int
+    backing_off: int
+    dead: int
+    parked: int
     claim_lease_seconds: float
     relays: list[RelayClaims] = field(default_factory=list)
+    holding: list[HoldingRow] = field(default_factory=list)
 
 
 @cli.command()
 @_url_option
 @_lease_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option(
+    "--max-age",
+    type=click.FloatRange(min=0),
+    envvar=_env("MAX_AGE"),
+    show_envvar=True,
+    metavar="SECONDS",
+    help=f"Exit {THRESHOLD_CROSSED} if the oldest pending message is older than this.",
+)
+@click.option(
+    "--max-dead",
+    type=click.IntRange(min=0),
+    envvar=_env("MAX_DEAD"),
+    show_envvar=True,
+    metavar="N",
+    help=f"Exit {THRESHOLD_CROSSED} if there are more than N dead letters (0: any).",
+)
 @click.pass_context
-def status(ctx: click.Context, url: str | None, claim_lease: float, as_json: bool) -> int:
+def status(
+    ctx: click.Context,
+    *,
+    url: str | None,
+    claim_lease: float,
+    as_json: bool,
+    max_age: float | None,
+    max_dead: int | None,
+) -> int:
     """Show the backlog: pending and due rows, the oldest one's age, failures, live claims.
 
     A claim older than --claim-lease has lapsed: its relay is presumed dead and any relay may
-    take those rows.
+    take those rows. Failed rows (backing off or dead) are listed with their last error: each
+    holds back the later messages of its transaction and ordering key.
+
+    With --max-age or --max-dead it is a check for cron or a probe: after the report it says on
+    stderr which threshold was crossed and exits 3 (1 means the outbox could not be read).
     """
+    if max_age is not None and not math.isfinite(max_age):
+        raise click.BadParameter(
+            f"must be a finite number of seconds, got {max_age!r}. Pass e.g. --max-age 300.",
+            ctx,
+            param_hint="'--max-age'",
+        )
     database_url = _require_url(ctx, url)
     try:
         lease = resolve_claim_lease(claim_lease)
@@ -368,15 +660,38 @@ def status(ctx: click.Context, url: str | None, claim_lease: float, as_json: boo
         click.echo(json.dumps(asdict(report), indent=2))
     else:
         click.echo(_status_table(report))
-    return 0
+    crossed = _thresholds_crossed(report, max_age, max_dead)
+    for line in crossed:
+        click.echo(f"Threshold crossed: {line}", err=True)
+    return THRESHOLD_CROSSED if crossed else 0
+
+
+def _thresholds_crossed(
+    report: OutboxStatus, max_age: float | None, max_dead: int | None
+) -> list[str]:
+    crossed = []
+    age = report.oldest_pending_age_seconds
+    if max_age is not None and age is not None and age > max_age:
+        crossed.append(
+            f"the oldest pending message is {_seconds(age)} old, over --max-age {max_age:g}."
+        )
+    if max_dead is not None and report.dead > max_dead:
+        crossed.append(
+            f"{_plural(report.dead, 'dead letter')}, over --max-dead {max_dead} "
+            "(`sqla-outbox dead list` shows them)."
+        )
+    return crossed
 
 
 def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStatus:
     dialect = engine.dialect.name
-    with _database_errors(url):
-        conn = engine.connect()
-    with conn, _database_errors(url, "while reading the outbox"), raise_if_missing_table(engine):
-        check_outbox_table(conn, STATUS_PRIVILEGES, needed_by="sqla-outbox status")
+    with _outbox_transaction(
+        engine,
+        url,
+        STATUS_PRIVILEGES,
+        needed_by="sqla-outbox status",
+        doing="while reading the outbox",
+    ) as conn:
         if dialect == "postgresql":
             # Leases are measured on the database's clock; ages must be too.
             now: dt.datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
@@ -386,6 +701,7 @@ def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStat
             params = {"now": now}
         counts = conn.execute(queries.status_stmt(dialect), params).one()
         claims = conn.execute(queries.claims_stmt()).all()
+        holding = conn.execute(queries.holding_stmt(), {"limit": HOLDING_SHOWN}).all()
     by_relay: dict[str, RelayClaims] = {}
     for token, held, claimed_at in claims:
         relay_id = str(token).rpartition(":")[0] or str(token)  # tokens: <relay_id>:<16 hex>
@@ -404,8 +720,32 @@ def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStat
         if oldest is None
         else round((now - oldest).total_seconds(), 3),
         failing=counts.failing,
+        backing_off=counts.backing_off,
+        dead=counts.dead,
+        parked=counts.parked,
         claim_lease_seconds=lease.total_seconds(),
         relays=list(by_relay.values()),
+        holding=[_holding_row(row, now) for row in holding],
+    )
+
+
+def _holding_row(row: Any, now: dt.datetime) -> HoldingRow:
+    if row.dead_at is not None:
+        state = "dead"
+    elif row.retry_at is not None and row.retry_at > now:
+        state = "backing_off"
+    else:
+        state = "due"
+    return HoldingRow(
+        id=str(row.id),
+        job=row.job,
+        queue=row.queue,
+        ordering_key=row.ordering_key,
+        attempts=row.attempts,
+        state=state,
+        retry_at=None if row.retry_at is None else row.retry_at.isoformat(),
+        dead_at=None if row.dead_at is None else row.dead_at.isoformat(),
+        last_error=row.last_error,
     )
 
 
@@ -417,8 +757,36 @@ def _status_table(report: OutboxStatus) -> str:
         f"  due now                   {report.due}",
         f"  oldest pending age        {'-' if age is None else _seconds(age)}",
         f"  with failed attempts      {report.failing}",
+        f"  backing off (retrying)    {report.backing_off}",
+        f"  dead letters              {report.dead}",
+        f"  parked (held back)        {report.parked}",
         "",
     ]
+    if report.holding:
+        shown = len(report.holding)
+        of = f"first {shown} of {report.failing}" if report.failing > shown else str(shown)
+        lines.append(
+            f"Failed rows, holding back the later rows of their transaction and ordering key "
+            f"({of}):"
+        )
+        states = {"dead": "dead letter", "backing_off": "backing off", "due": "due for retry"}
+        lines += _table(
+            ["ID", "JOB", "ORDERING KEY", "ATTEMPTS", "STATE", "LAST ERROR"],
+            [
+                [
+                    row.id,
+                    row.job,
+                    row.ordering_key or "-",
+                    str(row.attempts),
+                    states[row.state],
+                    _first_line(row.last_error),
+                ]
+                for row in report.holding
+            ],
+        )
+        if report.dead:
+            lines.append("  Dead letters: see `sqla-outbox dead list`, then `dead retry|discard`.")
+        lines.append("")
     if not report.relays:
         lines.append("Live claims: none")
         return "\n".join(lines)
@@ -436,6 +804,272 @@ def _status_table(report: OutboxStatus) -> str:
 
 def _seconds(value: float) -> str:
     return f"{value:.1f} s"
+
+
+ERROR_SHOWN = 60
+"""Characters of a ``last_error`` a table shows (its first line)."""
+
+
+def _first_line(text: str | None, width: int = ERROR_SHOWN) -> str:
+    lines = (text or "").strip().splitlines()
+    line = lines[0] if lines else "-"
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart, indented by two; the last column is not padded."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=False)]
+        return "  " + "  ".join([*padded, cells[-1]])
+
+    return [line(header), *(line(row) for row in rows)]
+
+
+# --- dead letters ------------------------------------------------------------------------------
+
+
+@cli.group()
+def dead() -> None:
+    """List, retry or discard dead letters.
+
+    A message becomes a dead letter after --max-publish-attempts failed publishes: no relay
+    tries it again, and it holds back the later messages of its transaction and ordering key
+    until it is retried (published again first, then what it held back) or discarded (never
+    published; what it held back flows).
+    """
+
+
+@dead.command("list")
+@_url_option
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object per dead letter per line."
+)
+@click.pass_context
+def list_dead(ctx: click.Context, url: str | None, as_json: bool) -> int:
+    """Show the dead letters, in publishing order.
+
+    The table shows the first line of each last error; --json prints the whole message with
+    attempts, last_error and dead_at.
+    """
+    database_url = _require_url(ctx, url)
+    engine = _engine(ctx, database_url)
+    try:
+        with _outbox_transaction(
+            engine,
+            database_url,
+            LIST_PRIVILEGES,
+            needed_by="sqla-outbox dead list",
+            doing="while reading the dead letters",
+        ) as conn:
+            letters = read_dead_letters(conn)
+    finally:
+        engine.dispose()
+    if as_json:
+        for letter in letters:
+            click.echo(json.dumps(letter.to_dict(), ensure_ascii=False))
+    else:
+        click.echo(_dead_table(letters))
+    return 0
+
+
+def _dead_table(letters: list[DeadLetter]) -> str:
+    if not letters:
+        return "No dead letters."
+    rows = [
+        [
+            str(letter.id),
+            letter.job,
+            letter.queue,
+            letter.ordering_key or "-",
+            str(letter.attempts),
+            letter.dead_at.strftime("%Y-%m-%d %H:%M:%SZ"),
+            _first_line(letter.last_error),
+        ]
+        for letter in letters
+    ]
+    header = ["ID", "JOB", "QUEUE", "ORDERING KEY", "ATTEMPTS", "DEAD AT", "LAST ERROR"]
+    return "\n".join([f"{_plural(len(letters), 'dead letter')}:", *_table(header, rows)])
+
+
+def _ids_argument(command: F) -> F:
+    return click.argument("ids", nargs=-1, metavar="[ID]...")(command)
+
+
+def _all_option(verb: str) -> Callable[[F], F]:
+    return click.option("--all", "every", is_flag=True, help=f"{verb} every dead letter.")
+
+
+@dead.command("retry")
+@_url_option
+@_all_option("Retry")
+@_ids_argument
+@click.pass_context
+def retry_dead_command(
+    ctx: click.Context, url: str | None, every: bool, ids: tuple[str, ...]
+) -> int:
+    """Retry dead letters now, attempts reset.
+
+    Give the ids of the dead letters to retry (`sqla-outbox dead list` shows them), or --all.
+    Each keeps its place: relays publish it before the messages it held back.
+    """
+    retried = _settle_dead(
+        ctx, url, ids, every, verb="retry", privileges=RETRY_PRIVILEGES, settle=retry_dead_letters
+    )
+    click.echo(
+        f"Retried {_plural(len(retried), 'dead letter')}; relays publish "
+        f"{'it' if len(retried) == 1 else 'them'} before what "
+        f"{'it' if len(retried) == 1 else 'they'} held back."
+        if retried
+        else "Retried 0 dead letters."
+    )
+    return _not_dead(ids, retried)
+
+
+@dead.command("discard")
+@_url_option
+@_all_option("Discard")
+@_ids_argument
+@click.pass_context
+def discard_dead_command(
+    ctx: click.Context, url: str | None, every: bool, ids: tuple[str, ...]
+) -> int:
+    """Discard dead letters: never published.
+
+    Give the ids of the dead letters to delete (`sqla-outbox dead list` shows them), or --all.
+    The messages they held back are published next.
+    """
+    discarded = _settle_dead(
+        ctx,
+        url,
+        ids,
+        every,
+        verb="discard",
+        privileges=DISCARD_PRIVILEGES,
+        settle=discard_dead_letters,
+    )
+    click.echo(
+        f"Discarded {_plural(len(discarded), 'dead letter')}; "
+        f"{'it' if len(discarded) == 1 else 'they'} will never be published."
+        if discarded
+        else "Discarded 0 dead letters."
+    )
+    return _not_dead(ids, discarded)
+
+
+def _settle_dead(
+    ctx: click.Context,
+    url: str | None,
+    ids: tuple[str, ...],
+    every: bool,
+    *,
+    verb: str,
+    privileges: Sequence[str],
+    settle: Callable[[Connection, list[uuid.UUID] | None], list[uuid.UUID]],
+) -> list[uuid.UUID]:
+    """Check the arguments, then retry or discard in one transaction; the ids acted on."""
+    if every and ids:
+        raise click.UsageError(
+            f"Pass either the ids of the dead letters to {verb} or --all, not both.", ctx
+        )
+    if not every and not ids:
+        raise click.UsageError(
+            f"Pass the ids of the dead letters to {verb} (`sqla-outbox dead list` shows them), "
+            f"or --all to {verb} every one.",
+            ctx,
+        )
+    try:
+        chosen = None if every else message_ids(ids)
+    except OutboxError as error:
+        raise click.UsageError(str(error), ctx) from error
+    database_url = _require_url(ctx, url)
+    engine = _engine(ctx, database_url)
+    try:
+        with _outbox_transaction(
+            engine,
+            database_url,
+            privileges,
+            needed_by=f"sqla-outbox dead {verb}",
+            doing=f"while {verb}ing dead letters",
+        ) as conn:
+            return settle(conn, chosen)
+    finally:
+        engine.dispose()
+
+
+def _not_dead(given: tuple[str, ...], done: list[uuid.UUID]) -> int:
+    """0, or (after saying which) 1 when some ids given were not dead letters."""
+    acted = set(done)
+    missing = [str(i) for i in message_ids(given) or [] if i not in acted]
+    if not missing:
+        return 0
+    raise CommandError(
+        f"{_plural(len(missing), 'id')} given {'is' if len(missing) == 1 else 'are'} not a dead "
+        f"letter (published, retried or discarded already, or never staged): "
+        f"{', '.join(missing)}. `sqla-outbox dead list` shows the dead letters."
+    )
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# --- retention ---------------------------------------------------------------------------------
+
+_PURGE_FIX = "The batches deleted before it stay deleted; run the purge again for the rest."
+
+
+@cli.command("purge")
+@_url_option
+@click.option(
+    "--older-than",
+    type=_DurationType(),
+    envvar=_env("OLDER_THAN"),
+    show_envvar=True,
+    metavar="DURATION",
+    help="Delete the rows published longer ago than this: 90s, 15m, 12h, 7d or 2w.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=retention.DEFAULT_BATCH_SIZE,
+    show_default=True,
+    envvar=_env("PURGE_BATCH_SIZE"),
+    show_envvar=True,
+    metavar="N",
+    help="Rows deleted per transaction.",
+)
+@click.pass_context
+def purge_command(
+    ctx: click.Context, url: str | None, older_than: dt.timedelta | None, batch_size: int
+) -> int:
+    """Delete published rows older than --older-than, and print how many.
+
+    Never an unpublished row or a dead letter. Rows go in batches, each in a short transaction of
+    its own, so relays and the application carry on meanwhile: run it beside them, e.g. daily
+    from cron. Needs outbox table version 3, and DELETE on the table.
+    """
+    if older_than is None:
+        raise click.UsageError(
+            f"Missing option '--older-than'. Pass e.g. --older-than 7d, or set "
+            f"{_env('OLDER_THAN')}.",
+            ctx,
+        )
+    database_url = _require_url(ctx, url)
+    engine = _engine(ctx, database_url)
+    try:
+        with _database_errors(database_url), engine.connect():
+            pass
+        with _database_errors(database_url, "while purging published rows", _PURGE_FIX):
+            deleted = retention.purge(engine, older_than=older_than, batch_size=batch_size)
+    finally:
+        engine.dispose()
+    click.echo(
+        f"Purged {_plural(deleted, 'published row')} older than "
+        f"{retention.format_duration(older_than)}."
+    )
+    return 0
 
 
 # --- demo --------------------------------------------------------------------------------------
@@ -500,6 +1134,19 @@ def _engine(ctx: click.Context, url: URL) -> Engine:
         raise click.UsageError(str(error), ctx) from error
 
 
+@contextmanager
+def _outbox_transaction(
+    engine: Engine, url: URL, privileges: Sequence[str], *, needed_by: str, doing: str
+) -> Iterator[Connection]:
+    """A transaction on ``engine`` after the start-up checks (table, ``privileges``, version);
+    database errors become one sentence: "cannot connect" on connecting, ``doing`` after."""
+    with _database_errors(url):
+        conn = engine.connect()
+    with conn, _database_errors(url, doing), raise_if_missing_table(engine), conn.begin():
+        check_outbox_table(conn, privileges, needed_by=needed_by)
+        yield conn
+
+
 _CONNECT_FIX = f"Check --url / {_env('URL')} and that the server is running."
 _SCHEMA_FIX = "Check that the outbox table matches this version (alembic upgrade head)."
 _RETRY_FIX = (
@@ -536,11 +1183,12 @@ def _database_errors(url: URL, doing: str | None = None, fix: str = _SCHEMA_FIX)
 
 
 @contextmanager
-def _logging_to_stderr(level: str) -> Iterator[None]:
-    """Structured log lines from the ``sqla_outbox`` logger to stderr, for this command only."""
+def _logging_to_stderr(level: str, log_format: str = LOG_FORMATS[0]) -> Iterator[None]:
+    """Structured log lines (``log_format``: logfmt or json, see :mod:`sqla_outbox.logs`) from
+    the ``sqla_outbox`` logger to stderr, for this command only."""
     logger = logging.getLogger("sqla_outbox")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
+    handler.setFormatter(formatter(log_format.lower()))
     previous = (logger.level, logger.propagate)
     logger.addHandler(handler)
     logger.setLevel(level.upper())

@@ -8,8 +8,13 @@
   cannot express a trigger function, so its SQL lives in ``sqla_outbox/sql/``.
 
 The same statements run after ``outbox.metadata.create_all()`` (table events registered here)
-and inside ``op.create_outbox_table()``, which builds its own copy of the table and so calls
-:func:`after_create` itself. ``%(fullname)s`` is the (schema-qualified) table name.
+and inside ``op.create_outbox_table(version=N)``, which builds its own copy of the table and so
+calls :func:`after_create` itself. ``%(fullname)s`` is the (schema-qualified) table name.
+
+These statements belong to every released table version (:mod:`sqla_outbox.versions`), so they
+are frozen like the versions: a migration replayed years from now must build what it built
+today. Changing the trigger, its function or the fillfactor means a new table version whose
+upgrade step replaces them, with the new SQL in new files; never edit these in place.
 """
 
 from __future__ import annotations

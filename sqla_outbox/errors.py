@@ -17,6 +17,7 @@ __all__ = [
     "OutboxError",
     "PublishError",
     "PublisherError",
+    "SchemaVersionError",
     "StagingError",
 ]
 
@@ -45,6 +46,15 @@ class StagingError(OutboxError):
 
 class MissingTableError(OutboxError):
     """The database is reachable but has no outbox table: the migration has not been run."""
+
+
+class SchemaVersionError(OutboxError):
+    """The outbox table is an older schema version than this sqla-outbox needs.
+
+    The message names the table, both versions, and the migration that fixes it
+    (``op.upgrade_outbox_table(found, needed)``). Raised at start-up (:meth:`Relay.check`) and
+    in place of the driver's "column does not exist" when a statement meets the older table.
+    """
 
 
 class MissingPrivilegeError(OutboxError):

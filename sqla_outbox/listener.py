@@ -82,6 +82,8 @@ class NotificationListener:
         self._wake = wake
         self._relay_id = relay_id
         self.healthy_period = healthy_period
+        self.listening = threading.Event()
+        """Set while a connection is LISTENing: every commit wakes the relay."""
         self.healthy = threading.Event()
         """Set once the current connection has listened for ``healthy_period``: its drop is
         retried after :data:`RECONNECT_FIRST`. Cleared when the connection is gone."""
@@ -139,6 +141,7 @@ class NotificationListener:
             connection.rollback()
             connection.autocommit = True
             connection.execute(f"LISTEN {CHANNEL}")
+            self.listening.set()
             self._wake()
             healthy_at = time.monotonic() + self.healthy_period
             while not self._stop.is_set():
@@ -147,4 +150,5 @@ class NotificationListener:
                 if not self.healthy.is_set() and time.monotonic() >= healthy_at:
                     self.healthy.set()
         finally:
+            self.listening.clear()
             connection.close()

@@ -33,7 +33,9 @@ class OutboxMessage(NamedTuple):
     ``idempotency_key`` is what a consumer deduplicates on: the relay publishes at least once, so
     a message can arrive twice after a crash between publish and mark, always with the same key.
     ``traceparent`` is the W3C trace context of the span that enqueued it, so the job's own span
-    can name the request that caused it as its parent.
+    can name the request that caused it as its parent. ``ordering_key`` groups messages that
+    must be published in staging order across transactions (a relay lets every other message
+    flow past one that is held back).
     """
 
     id: uuid.UUID
@@ -47,6 +49,7 @@ class OutboxMessage(NamedTuple):
     tenant_id: str | None = None
     traceparent: str | None = None
     enqueued_by: str | None = None
+    ordering_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (ids and timestamps as strings), for publishers that serialise."""
@@ -62,4 +65,5 @@ class OutboxMessage(NamedTuple):
             "tenant_id": self.tenant_id,
             "traceparent": self.traceparent,
             "enqueued_by": self.enqueued_by,
+            "ordering_key": self.ordering_key,
         }

@@ -16,7 +16,9 @@ What is checked, and when:
 * **The table** (:func:`check_outbox_table`), on a connection: it exists
   (:class:`~sqla_outbox.errors.MissingTableError`), and on PostgreSQL the connected role holds
   the privileges the caller needs on it (:class:`~sqla_outbox.errors.MissingPrivilegeError`),
-  both in one statement. SQLite has no privileges.
+  both in one statement. SQLite has no privileges. Then its schema version is at least
+  :data:`~sqla_outbox.versions.SCHEMA_VERSION` (:class:`~sqla_outbox.errors.SchemaVersionError`
+  naming ``op.upgrade_outbox_table``), read from the table's comment or columns.
 
 Asyncio drivers. The relay runs in threads and cannot drive an asyncio-only DBAPI: the
 ``sync_engine`` of an ``AsyncEngine`` on psycopg 3 wraps psycopg's async connection in an
@@ -45,7 +47,8 @@ from sqlalchemy.exc import ArgumentError
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError
 from sqla_outbox.queries import outbox_table
-from sqla_outbox.schema_errors import missing_table_error
+from sqla_outbox.schema_errors import missing_table_error, outdated_table_error
+from sqla_outbox.versions import SCHEMA_VERSION, inspected_version
 
 __all__ = [
     "BIND_FIX",
@@ -253,11 +256,13 @@ def table_access_stmt(name: str, schema: str | None, privileges: Sequence[str]) 
 
 
 def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by: str) -> None:
-    """Raise unless the outbox table exists and, on PostgreSQL, the role holds ``privileges``.
+    """Raise unless the outbox table exists and, on PostgreSQL, the role holds ``privileges``,
+    and the table is at least the schema version this release needs.
 
     :class:`MissingTableError` names the migration to run; :class:`MissingPrivilegeError` names
     the role, what it lacks, and the ``GRANT`` (``needed_by`` says who needs it, e.g. ``"the
-    relay"``). The table's schema honours the connection's ``schema_translate_map``.
+    relay"``); :class:`SchemaVersionError` names the ``op.upgrade_outbox_table`` migration. The
+    table's schema honours the connection's ``schema_translate_map``.
     """
     table = outbox_table
     translate = conn.get_execution_options().get("schema_translate_map") or {}
@@ -265,6 +270,8 @@ def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by
     if conn.dialect.name != "postgresql":
         if not sa.inspect(conn).has_table(table.name, schema=schema):
             raise missing_table_error(conn)
+        name = table.name if schema is None else f"{schema}.{table.name}"
+        _check_version(conn, name, schema)
         return
     row = conn.execute(table_access_stmt(table.name, schema, privileges)).first()
     if row is None:
@@ -272,6 +279,7 @@ def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by
     namespace, role, schema_usage, *held = row
     lacking = [privilege for privilege, ok in zip(privileges, held, strict=True) if not ok]
     if schema_usage and not lacking:
+        _check_version(conn, f"{namespace}.{table.name}", namespace)
         return
     preparer = conn.dialect.identifier_preparer
     table_sql = f"{preparer.quote_schema(namespace)}.{preparer.quote(table.name)}"
@@ -288,6 +296,17 @@ def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by
         f"Role {role!r} lacks {' and '.join(missing)}, which {needed_by} needs. "
         f"Grant {pronoun}: {' '.join(grants)}"
     )
+
+
+def _check_version(conn: Connection, name: str, schema: str | None) -> None:
+    """Raise :class:`SchemaVersionError` if table ``name`` is older than :data:`SCHEMA_VERSION`.
+
+    A table whose version cannot be told (not even version 1's columns) is left to the
+    statements that use it: it is not an outbox any version of sqla-outbox created.
+    """
+    found = inspected_version(sa.inspect(conn), outbox_table.name, schema)
+    if found is not None and found < SCHEMA_VERSION:
+        raise outdated_table_error(name, found)
 
 
 def _and(words: Sequence[str]) -> str:

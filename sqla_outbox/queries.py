@@ -3,15 +3,25 @@
 One named function per statement, so the SQL can be read in one place, pinned by unit tests
 (compile a claim for PostgreSQL and look for ``FOR UPDATE SKIP LOCKED``), and honours the
 table's schema. Nothing here executes anything.
+
+Statements that take a set of rows take their ids as one parameter (``= ANY(:ids)`` on
+PostgreSQL, an expanding ``IN`` on SQLite): every row is found through the primary key, however
+the claim's published, failed and handed-back rows interleave. Every statement a relay runs after
+its claim is **fenced**: it touches only rows still stamped with that claim's token and
+unpublished, so a relay that stalled past its lease cannot change rows another relay holds now.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
+    Boolean,
     ColumnElement,
+    Delete,
     Insert,
     Interval,
     Select,
@@ -22,6 +32,9 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    delete,
+    exists,
+    false,
     func,
     insert,
     literal_column,
@@ -32,21 +45,37 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.sql.elements import BindParameter
 
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow, UTCDateTime
 
 __all__ = [
+    "CLAIM_FIELDS",
     "MESSAGE_FIELDS",
+    "ORDERS",
+    "backlog_stmt",
     "claim_stmt",
     "claims_stmt",
+    "dead_letters_stmt",
+    "delete_dead_stmt",
+    "fail_stmt",
+    "holding_stmt",
+    "idle_stmt",
     "mark_and_claim_stmt",
     "mark_published_stmt",
+    "park_stmt",
     "pending_stmt",
+    "purge_stmt",
     "release_stmt",
+    "renew_stmt",
+    "retry_dead_stmt",
+    "settle_stmt",
     "stage_rows",
     "stage_stmt",
     "status_stmt",
+    "sweep_parked_stmt",
+    "unpark_behind_stmt",
 ]
 
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
@@ -71,24 +100,19 @@ def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
 # --- the relay's statements --------------------------------------------------------------------
 #
 # Each takes the dialect name because "now" differs: on PostgreSQL it is the database's clock
-# (``now()``), so every relay host compares leases against one clock whatever its own drifts;
-# SQLite has no server and a single host, so the relay passes its own UTC time as ``:now``.
+# (``now()``), so every relay host compares leases and backoffs against one clock whatever its
+# own drifts; SQLite has no server and a single host, so the relay passes its own UTC time as
+# ``:now`` (and the instants it derives from it).
 
-_MESSAGE_COLUMNS = (
-    outbox_table.c.id,
-    outbox_table.c.job,
-    outbox_table.c.queue,
-    outbox_table.c.input,
-    outbox_table.c.idempotency_key,
-    outbox_table.c.max_attempts,
-    outbox_table.c.run_at,
-    outbox_table.c.staged_at,
-    outbox_table.c.tenant_id,
-    outbox_table.c.traceparent,
-    outbox_table.c.enqueued_by,
-)
+_MESSAGE_COLUMNS = tuple(outbox_table.c[name] for name in OutboxMessage._fields)
 MESSAGE_FIELDS = tuple(column.name for column in _MESSAGE_COLUMNS)
-"""The columns a claim returns, in :class:`OutboxMessage` field order."""
+"""The columns a claim returns first, in :class:`OutboxMessage` field order."""
+
+CLAIM_FIELDS = (*MESSAGE_FIELDS, "attempts")
+"""Every column a claimed row has: the message, then how many of its publishes failed before."""
+
+ORDERS = ("key", "strict")
+"""The relay's ordering modes; see :func:`claim_stmt`."""
 
 
 def _now(dialect: str) -> ColumnElement[dt.datetime]:
@@ -105,140 +129,24 @@ def _lease_cutoff(dialect: str) -> ColumnElement[dt.datetime]:
     return bindparam("cutoff", type_=UTCDateTime())
 
 
-def _unpublished() -> ColumnElement[bool]:
-    return outbox_table.c.published_at.is_(None)
-
-
-def claim_stmt(dialect: str) -> Update | Select[Any]:
-    """Lease up to ``:limit`` due, unpublished, unclaimed-or-lapsed rows, in claim order.
-
-    One statement locks and stamps: ``UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE
-    SKIP LOCKED))`` (``IN`` on SQLite). A SELECT that only locked would release its locks when
-    its autocommit statement ended, and two relays polling a moment apart would both take the
-    same rows. ``SKIP LOCKED`` keeps concurrent relays from queueing behind each other. SQLite
-    has no row locks; there the relay runs this under ``BEGIN IMMEDIATE``, the database-wide
-    write lock.
-
-    Enqueue order inside a transaction must hold across relays too, and ``SKIP LOCKED`` alone
-    would split a transaction's rows (its ``staged_at`` group) between two claims: the second
-    relay could publish row 3 while the first is still on row 2. Worse, two claims scanning at
-    the same instant each skip the rows the other has just locked, so a claim's candidates can
-    have holes in the middle of a group. So a group is claimed only when its candidates are
-    every due, unpublished row of the group up to the claim's last candidate; otherwise (a row
-    held by another claim, handed back after a failure, or locked for an instant by a concurrent
-    claim) the whole group waits for a later claim. One counting index scan per group.
-
-    RETURNING order is not guaranteed. On PostgreSQL the UPDATE is wrapped in a data-modifying
-    CTE and the outer SELECT returns the rows in claim order; on SQLite the caller sorts them.
-
-    Parameters: ``limit``, ``token``; ``lease`` (a ``timedelta``) on PostgreSQL, ``now`` and
-    ``cutoff`` (``now - lease``) on SQLite.
-    """
-    claim = _claim(dialect, previous_claim=None)
-    if dialect != "postgresql":
-        return claim  # SQLite allows no UPDATE inside WITH; the relay sorts these rows itself
-    claimed = claim.cte("claimed")
-    return select(*claimed.c).order_by(claimed.c.staged_at, claimed.c.id)
-
-
-def mark_and_claim_stmt() -> Select[Any]:
-    """PostgreSQL: mark the previous claim published and take the next one, in one statement.
-
-    A relay working through a backlog publishes a whole claim and claims again at once; sending
-    the previous claim's fenced mark (:func:`mark_published_stmt`, on ``:previous_token`` and the
-    ``:previous_*`` bounds) inside the next claim saves a round trip per pass. The two parts are
-    data-modifying CTEs of one autocommit statement: they commit together, or neither does and
-    the relay still holds the mark to write.
-
-    Both parts see the same snapshot, in which the rows being marked still look unpublished. So
-    the claim skips rows stamped ``:previous_token`` (a lease that lapsed would otherwise make
-    them candidates, and one statement must not update a row twice), and the ordering guard
-    counts them as published, or a transaction whose first rows ended the previous claim would
-    wait a pass while the rest of the backlog overtook it.
-
-    The first column, ``marked``, is how many rows the mark touched; the message columns follow.
-    There is always at least one row: when nothing was claimed, one with the message columns
-    NULL. Parameters: those of :func:`claim_stmt` on PostgreSQL, plus ``previous_token``,
-    ``previous_first_staged_at``, ``previous_first_id``, ``previous_last_staged_at`` and
-    ``previous_last_id``.
-    """
-    previous = "previous_"
-    marked = (
-        update(outbox_table)
-        .where(_fenced(f"{previous}token"), _claim_slice(previous))
-        .values(published_at=_now("postgresql"))
-        .returning(outbox_table.c.id)
-        .cte("marked")
-    )
-    marked_count = select(func.count().label("marked")).select_from(marked).subquery("marks")
-    claimed = _claim("postgresql", previous_claim=bindparam(f"{previous}token")).cte("claimed")
-    return (
-        select(marked_count.c.marked, *claimed.c)
-        .select_from(marked_count.outerjoin(claimed, true()))
-        .order_by(claimed.c.staged_at, claimed.c.id)
-    )
-
-
-def _claim(dialect: str, previous_claim: ColumnElement[str] | None) -> Update:
-    """The claim's ``UPDATE ... RETURNING``, for :func:`claim_stmt` and its callers.
-
-    ``previous_claim`` is the token of a claim marked published in the same statement (see
-    :func:`mark_and_claim_stmt`), whose rows the claim must neither take nor wait for.
-    """
-    now = _now(dialect)
-    lapsed = outbox_table.c.claimed_at < _lease_cutoff(dialect)
-    eligible = [
-        _unpublished(),
-        outbox_table.c.run_at <= now,
-        or_(outbox_table.c.claimed_at.is_(None), lapsed),
-    ]
-    if previous_claim is not None:
-        eligible.append(outbox_table.c.claimed_by.is_distinct_from(previous_claim))
-    candidates = (
-        select(outbox_table.c.id, outbox_table.c.staged_at)
-        .where(*eligible)
-        .order_by(outbox_table.c.staged_at, outbox_table.c.id)
-        .limit(bindparam("limit"))
-        .with_for_update(skip_locked=True)
-        .cte("candidates")
-    )
-    # The claim's last row in claim order; every group is checked up to it.
-    claim_end = (
-        select(candidates.c.staged_at, candidates.c.id)
-        .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
-        .limit(literal_column("1"))
-        .cte("claim_end")
-    )
-    groups = (
-        select(candidates.c.staged_at, func.count().label("size"))
-        .group_by(candidates.c.staged_at)
-        .cte("groups")
-    )
-    group_row = outbox_table.alias("group_row")
-    due = [
-        group_row.c.staged_at == groups.c.staged_at,
-        tuple_(group_row.c.staged_at, group_row.c.id)
-        <= select(claim_end.c.staged_at, claim_end.c.id).scalar_subquery(),
-        group_row.c.published_at.is_(None),
-        group_row.c.run_at <= now,
-    ]
-    if previous_claim is not None:
-        due.append(group_row.c.claimed_by.is_distinct_from(previous_claim))
-    due_up_to_last = select(func.count()).where(*due).scalar_subquery()
-    held_back = select(groups.c.staged_at).where(due_up_to_last != groups.c.size)
-    claimable = select(candidates.c.id).where(candidates.c.staged_at.not_in(held_back))
+def _ids(dialect: str, name: str = "ids") -> ColumnElement[bool]:
+    """``id`` is one of the ids in parameter ``name`` (a list of UUIDs)."""
     if dialect == "postgresql":
-        # ``= ANY(ARRAY(...))`` probes the primary key once per row; with ``IN (...)`` the planner
-        # may hash the ids and scan the whole table once the batch is large.
-        claimed_ids = outbox_table.c.id == any_(func.array(claimable.scalar_subquery()))
-    else:
-        claimed_ids = outbox_table.c.id.in_(claimable)
-    return (
-        update(outbox_table)
-        .where(claimed_ids)
-        .values(claimed_by=bindparam("token"), claimed_at=now)
-        .returning(*_MESSAGE_COLUMNS)
-    )
+        ids: BindParameter[Any] = bindparam(name, type_=ARRAY(outbox_table.c.id.type))
+        matches: ColumnElement[bool] = outbox_table.c.id == any_(ids)
+        return matches
+    expanding: ColumnElement[bool] = outbox_table.c.id.in_(bindparam(name, expanding=True))
+    return expanding
+
+
+def _unpublished(table: Any = outbox_table) -> ColumnElement[bool]:
+    unpublished: ColumnElement[bool] = table.c.published_at.is_(None)
+    return unpublished
+
+
+def _position(table: Any) -> Any:
+    """A row's place in claim order."""
+    return tuple_(table.c.staged_at, table.c.id)
 
 
 def _fenced(token: str = "token") -> ColumnElement[bool]:
@@ -247,75 +155,530 @@ def _fenced(token: str = "token") -> ColumnElement[bool]:
     return and_(outbox_table.c.claimed_by == bindparam(token), _unpublished())
 
 
-def _claim_slice(prefix: str = "") -> ColumnElement[bool]:
-    # Rows are published in claim order, so "the published ones" and "the rest" are both
-    # contiguous slices of the claim in (staged_at, id) order. Bounding the slice on both sides
-    # keeps the update on the partial index; a bound on one side only (or the token alone, which
-    # is not indexed) turns it into a scan of every unpublished row once the backlog is large.
-    key = tuple_(outbox_table.c.staged_at, outbox_table.c.id)
+def _holding(table: Any, dialect: str, previous_claim: Any) -> list[ColumnElement[bool]]:
+    """Rows that hold back the later rows of their transaction and key: due and unpublished.
+
+    A row not yet due (``run_at`` in the future) holds nothing back: a scheduled message joins
+    the order when its time comes. Rows marked published by this very statement (stamped with
+    ``previous_claim``, see :func:`mark_and_claim_stmt`) count as published.
+    """
+    conditions = [_unpublished(table), table.c.run_at <= _now(dialect)]
+    if previous_claim is not None:
+        conditions.append(table.c.claimed_by.is_distinct_from(previous_claim))
+    return conditions
+
+
+def _stuck(table: Any, dialect: str) -> ColumnElement[bool]:
+    """A holder that will not go away by itself within a pass: dead, backing off, or parked."""
+    return or_(table.c.dead_at.is_not(None), table.c.retry_at > _now(dialect), table.c.parked)
+
+
+def _related(later: Any, earlier: Any) -> ColumnElement[bool]:
+    """``earlier`` holds back ``later``: same transaction or same ordering key, and before it."""
     return and_(
-        key
-        >= tuple_(
-            bindparam(f"{prefix}first_staged_at", type_=UTCDateTime()),
-            bindparam(f"{prefix}first_id", type_=outbox_table.c.id.type),
+        or_(
+            later.c.staged_at == earlier.c.staged_at,
+            later.c.ordering_key == earlier.c.ordering_key,
         ),
-        key
-        <= tuple_(
-            bindparam(f"{prefix}last_staged_at", type_=UTCDateTime()),
-            bindparam(f"{prefix}last_id", type_=outbox_table.c.id.type),
-        ),
+        _position(later) > _position(earlier),
     )
 
 
-def mark_published_stmt(dialect: str) -> Update:
-    """Mark the claim's rows between ``:first_*`` and ``:last_*`` (inclusive) published.
+def _claim_plan(dialect: str, order: str, previous_claim: Any) -> tuple[Select[Any], Any, Any]:
+    """What a claim takes, parks and leaves: ``(claim ids, park ids, excluded CTE)``.
 
-    Used for the published prefix of a claim. ``rowcount`` below the number published means part
-    of the claim was lost to another relay, whose work then stands.
+    * **Candidates**: up to ``:window`` claimable rows in claim order, locked ``FOR UPDATE SKIP
+      LOCKED`` (a relay widens the window while held-back rows fill it). Claimable: unpublished,
+      not dead, not parked, due, past any retry backoff, unclaimed or lapsed.
+    * A transaction (its ``staged_at`` group) or an ordering key is **held** when a due,
+      unpublished row of it, up to its last candidate, is not a candidate: it is in another
+      relay's claim, waiting out a retry backoff, dead, parked, or locked for an instant by a
+      claim running at the same moment. One counting index scan per group and per key, against
+      the candidate count.
+    * **Excluded**: the held candidates and, transitively, every later candidate of their
+      transactions and keys (a recursive CTE over the few candidates), so a claimed row never
+      overtakes one that is not claimed with it.
+    * **Park**: held candidates whose holder is stuck (:func:`_stuck`). Parked rows leave the
+      claim's index, so the next claims find due work past them instead of scanning them again;
+      the mark that publishes their holder unparks them (:func:`mark_published_stmt`), and a
+      periodic sweep (:func:`sweep_parked_stmt`) catches any whose holder went another way.
+    * With ``order="strict"`` the first failed, unpublished row (whichever relay is retrying
+      it) also bounds the candidates: nothing after it is claimed before it is published.
     """
-    return update(outbox_table).where(_fenced(), _claim_slice()).values(published_at=_now(dialect))
+    t = outbox_table
+    now = _now(dialect)
+    claimable = [
+        _unpublished(),
+        t.c.dead_at.is_(None),
+        ~t.c.parked,
+        t.c.run_at <= now,
+        or_(t.c.retry_at.is_(None), t.c.retry_at <= now),
+        or_(t.c.claimed_at.is_(None), t.c.claimed_at < _lease_cutoff(dialect)),
+    ]
+    if previous_claim is not None:
+        claimable.append(t.c.claimed_by.is_distinct_from(previous_claim))
+    if order == "strict":
+        failing = t.alias("failing")
+        first_failing = (
+            select(failing.c.staged_at, failing.c.id)
+            .where(*_holding(failing, dialect, previous_claim), failing.c.attempts > 0)
+            .order_by(failing.c.staged_at, failing.c.id)
+            .limit(literal_column("1"))
+        )
+        claimable.append(
+            or_(~exists(first_failing), _position(t) <= first_failing.scalar_subquery())
+        )
+    candidates = (
+        select(t.c.id, t.c.staged_at, t.c.ordering_key)
+        .where(*claimable)
+        .order_by(t.c.staged_at, t.c.id)
+        .limit(bindparam("window"))
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+    )
+
+    def held(name: str, member: Callable[[Any, Any], ColumnElement[bool]]) -> Any:
+        # Per group (or key) of the candidates: its last candidate and how many there are; held
+        # when the due, unpublished rows up to that candidate are more; stuck when one is stuck.
+        part = candidates.c[name]
+        ranked = select(
+            part,
+            candidates.c.staged_at.label("end_staged_at"),
+            candidates.c.id.label("end_id"),
+            func.row_number()
+            .over(
+                partition_by=part,
+                order_by=(candidates.c.staged_at.desc(), candidates.c.id.desc()),
+            )
+            .label("rn"),
+            func.count().over(partition_by=part).label("size"),
+        )
+        if name == "ordering_key":
+            ranked = ranked.where(part.is_not(None))
+        ranked_rows = ranked.subquery(f"{name}_ranked")
+        ends = select(ranked_rows).where(ranked_rows.c.rn == 1).subquery(f"{name}_ends")
+        row = t.alias(f"{name}_row")
+        upto = [
+            member(row, ends),
+            _position(row) <= tuple_(ends.c.end_staged_at, ends.c.end_id),
+            *_holding(row, dialect, previous_claim),
+        ]
+        due = select(func.count()).where(*upto).scalar_subquery()
+        stuck = exists(select(literal_column("1")).where(*upto, _stuck(row, dialect)))
+        return (
+            select(ends.c[name], case((stuck, true()), else_=false()).label("stuck"))
+            .where(due != ends.c.size)
+            .cte(f"held_{name}")
+        )
+
+    held_groups = held("staged_at", lambda row, ends: row.c.staged_at == ends.c.staged_at)
+    held_keys = held("ordering_key", lambda row, ends: row.c.ordering_key == ends.c.ordering_key)
+
+    # Joins rather than IN (...) OR IN (...): the planner estimates the (nearly always empty)
+    # held rows from the held groups and keys, not as half the window, which would make the
+    # recursion below look costly enough to switch on JIT compilation (0.8 s a claim).
+    def in_group(held: Any, column: str) -> Select[Any]:
+        return select(candidates.c.id, candidates.c.staged_at, candidates.c.ordering_key).join(
+            held, candidates.c[column] == held.c[column]
+        )
+
+    held_rows = in_group(held_groups, "staged_at").union(in_group(held_keys, "ordering_key"))
+    held_rows_cte = held_rows.cte("held_rows")
+    excluded = select(held_rows_cte).cte("excluded", recursive=True)
+    later = candidates.alias("later")
+    excluded = excluded.union(
+        select(later.c.id, later.c.staged_at, later.c.ordering_key).where(_related(later, excluded))
+    )
+    park = select(candidates.c.id).where(
+        or_(
+            candidates.c.staged_at.in_(select(held_groups.c.staged_at).where(held_groups.c.stuck)),
+            candidates.c.ordering_key.in_(
+                select(held_keys.c.ordering_key).where(held_keys.c.stuck)
+            ),
+        )
+    )
+    claim = (
+        select(candidates.c.id)
+        .where(candidates.c.id.not_in(select(excluded.c.id)))
+        .order_by(candidates.c.staged_at, candidates.c.id)
+        .limit(bindparam("limit"))
+    )
+    return claim, park, excluded
 
 
-def release_stmt() -> Update:
-    """Hand the claim's unpublished rows between ``:first_*`` and ``:last_*`` back at once.
+def _claim_update(dialect: str, claim: Select[Any]) -> Update:
+    t = outbox_table
+    if dialect == "postgresql":
+        # ``= ANY(ARRAY(...))`` probes the primary key once per row; with ``IN (...)`` the planner
+        # may hash the ids and scan the whole table once the batch is large.
+        claimed_ids = t.c.id == any_(func.array(claim.scalar_subquery()))
+    else:
+        claimed_ids = t.c.id.in_(claim)
+    return (
+        update(t)
+        .where(claimed_ids)
+        .values(claimed_by=bindparam("token"), claimed_at=_now(dialect))
+        .returning(*_MESSAGE_COLUMNS, t.c.attempts)
+    )
 
-    Without it the rows a failed pass held would wait out the whole lease. A failure is recorded
-    (``attempts + 1``, ``last_error``) on ``:failed_id``, which may be ``None`` (a graceful stop
-    mid-pass records nothing).
+
+def _postgresql_claim(order: str, previous_claim: Any, counts: list[Any]) -> Select[Any]:
+    """The claim as one PostgreSQL statement: park, claim, and a leading row of counts.
+
+    The first columns are counts (``parked``, ``held`` and whatever ``counts`` adds); the
+    :data:`CLAIM_FIELDS` follow. There is always at least one row: with nothing claimed, one with
+    the claim's columns NULL. Claimed rows come in claim order.
     """
-    failed = outbox_table.c.id == bindparam("failed_id", type_=outbox_table.c.id.type)
+    t = outbox_table
+    claim, park, excluded = _claim_plan("postgresql", order, previous_claim)
+    parked = update(t).where(t.c.id.in_(park)).values(parked=True).returning(t.c.id).cte("parked")
+    claimed = _claim_update("postgresql", claim).cte("claimed")
+    header = select(
+        *counts,
+        select(func.count()).select_from(parked).scalar_subquery().label("parked"),
+        select(func.count()).select_from(excluded).scalar_subquery().label("held"),
+    ).subquery("header")
+    return (
+        select(*header.c, *claimed.c)
+        .select_from(header.outerjoin(claimed, true()))
+        .order_by(claimed.c.staged_at, claimed.c.id)
+    )
+
+
+def claim_stmt(dialect: str, order: str = "key") -> Select[Any] | Update:
+    """Lease up to ``:limit`` due rows in claim order, keeping every ordering promise.
+
+    One statement locks, parks and stamps on PostgreSQL (see :func:`_claim_plan` for what is
+    taken and why): its leading columns are ``parked`` and ``held`` (rows of the window the claim
+    could not take), then the :data:`CLAIM_FIELDS`, in claim order. A SELECT that only locked
+    would release its locks when its autocommit statement ended, and two relays polling a moment
+    apart would both take the same rows.
+
+    On SQLite (no row locks; the relay runs the claim under ``BEGIN IMMEDIATE``, the
+    database-wide write lock, after :func:`park_stmt`) it is the plain ``UPDATE ... RETURNING``
+    of the claim fields, which the caller sorts.
+
+    ``order="key"`` (default): a row waits only for its transaction's and its ordering key's
+    earlier rows. ``order="strict"``: also for the first failed row before it, whatever its key.
+
+    Parameters: ``limit``, ``window`` (at least ``limit``), ``token``; ``lease`` (a
+    ``timedelta``) on PostgreSQL, ``now`` and ``cutoff`` (``now - lease``) on SQLite.
+    """
+    if dialect == "postgresql":
+        return _postgresql_claim(order, None, [])
+    claim, _park, _excluded = _claim_plan(dialect, order, None)
+    return _claim_update(dialect, claim)
+
+
+def park_stmt(dialect: str, order: str = "key") -> Update:
+    """SQLite: park the candidates a claim would find stuck (see :func:`_claim_plan`).
+
+    PostgreSQL does this inside :func:`claim_stmt`; SQLite allows no UPDATE inside WITH, so the
+    relay runs this first, in the claim's transaction, with the claim's parameters.
+    """
+    _claim, park, _excluded = _claim_plan(dialect, order, None)
+    # RETURNING, not rowcount: pysqlite reports -1 for an UPDATE that starts with WITH.
     return (
         update(outbox_table)
-        .where(_fenced(), _claim_slice())
+        .where(outbox_table.c.id.in_(park))
+        .values(parked=True)
+        .returning(outbox_table.c.id)
+    )
+
+
+def mark_and_claim_stmt(order: str = "key") -> Select[Any]:
+    """PostgreSQL: mark the previous claim published and take the next one, in one statement.
+
+    A relay working through a backlog publishes a whole claim and claims again at once; sending
+    the previous claim's fenced mark (on ``:previous_token`` and ``:previous_ids``) inside the
+    next claim saves a round trip per pass. The parts are data-modifying CTEs of one autocommit
+    statement: they commit together, or neither does and the relay still holds the mark to write.
+    The mark also unparks the rows its rows held back (see :func:`mark_published_stmt`).
+
+    All parts see the same snapshot, in which the rows being marked still look unpublished. So
+    the claim skips rows stamped ``:previous_token`` (a lease that lapsed would otherwise make
+    them candidates, and one statement must not update a row twice), and the ordering guard
+    counts them as published, or a transaction whose first rows ended the previous claim would
+    wait a pass while the rest of the backlog overtook it.
+
+    The leading columns are ``marked`` (rows the mark touched), ``unparked``, then those of
+    :func:`claim_stmt`. Parameters: those of :func:`claim_stmt` on PostgreSQL, plus
+    ``previous_token`` and ``previous_ids``.
+    """
+    marked, unparked = _mark_ctes("postgresql", "previous_token", "previous_ids")
+    counts = [
+        select(func.count()).select_from(marked).scalar_subquery().label("marked"),
+        select(func.count()).select_from(unparked).scalar_subquery().label("unparked"),
+    ]
+    return _postgresql_claim(order, bindparam("previous_token"), counts)
+
+
+def _mark_ctes(dialect: str, token: str, ids: str) -> tuple[Any, Any]:
+    t = outbox_table
+    marked = (
+        update(t)
+        .where(_fenced(token), _ids(dialect, ids))
+        .values(published_at=_now(dialect))
+        .returning(t.c.id, t.c.staged_at, t.c.ordering_key)
+        .cte("marked")
+    )
+    unparked = (
+        update(t)
+        .where(
+            t.c.parked,
+            or_(
+                t.c.staged_at.in_(select(marked.c.staged_at)),
+                t.c.ordering_key.in_(select(marked.c.ordering_key)),
+            ),
+        )
+        .values(parked=False)
+        .returning(t.c.id)
+        .cte("unparked")
+    )
+    return marked, unparked
+
+
+def mark_published_stmt(dialect: str) -> Select[Any] | Update:
+    """Mark the claim's rows ``:ids`` published (fenced on ``:token``).
+
+    Publishing a row may free the rows it held back: on PostgreSQL the same statement unparks
+    the parked rows of its transactions and keys, and returns ``marked`` and ``unparked``
+    counts; on SQLite it is the plain UPDATE (its ``rowcount`` is the marked count) and the
+    relay runs :func:`unpark_behind_stmt` after it, in the same transaction. A marked count
+    below the number published means part of the claim was lost to another relay, whose work
+    then stands.
+    """
+    if dialect != "postgresql":
+        return (
+            update(outbox_table).where(_fenced(), _ids(dialect)).values(published_at=_now(dialect))
+        )
+    marked, unparked = _mark_ctes(dialect, "token", "ids")
+    return select(
+        select(func.count()).select_from(marked).scalar_subquery().label("marked"),
+        select(func.count()).select_from(unparked).scalar_subquery().label("unparked"),
+    )
+
+
+def unpark_behind_stmt(dialect: str, *, dead: bool = False) -> Update:
+    """Unpark the rows parked behind some holders: the rows ``:ids`` (or every dead letter).
+
+    Run after the holders were published (SQLite's mark) or before they are discarded, so the
+    rows they held back are claimable again. A row still held back by another holder is parked
+    again by the next claim that meets it.
+    """
+    t = outbox_table
+    holder = t.alias("holder")
+    chosen: ColumnElement[bool]
+    if dead:
+        chosen = and_(holder.c.dead_at.is_not(None), _unpublished(holder))
+    elif dialect == "postgresql":
+        chosen = holder.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type)))
+    else:
+        chosen = holder.c.id.in_(bindparam("ids", expanding=True))
+    return (
+        update(t)
+        .where(
+            t.c.parked,
+            or_(
+                t.c.staged_at.in_(select(holder.c.staged_at).where(chosen)),
+                t.c.ordering_key.in_(select(holder.c.ordering_key).where(chosen)),
+            ),
+        )
+        .values(parked=False)
+    )
+
+
+def sweep_parked_stmt(dialect: str) -> Update:
+    """Unpark up to ``:limit`` parked rows that nothing stuck holds back any more.
+
+    The safety net under parking. A claim parks a row behind a holder it sees stuck; if that
+    holder is published by a statement that ran at the same moment (and so did not see the row
+    parked yet), nothing else would unpark it. The relay runs this every few seconds while
+    parked rows exist: a row parked that way waits for the sweep, never for ever.
+    """
+    t = outbox_table
+    row = t.alias("parked_row")
+    holder = t.alias("holder")
+    stuck_holder = exists(
+        select(literal_column("1")).where(
+            _related(row, holder), *_holding(holder, dialect, None), _stuck(holder, dialect)
+        )
+    )
+    free = select(row.c.id).where(row.c.parked, ~stuck_holder).limit(bindparam("limit"))
+    return update(t).where(t.c.id.in_(free)).values(parked=False)
+
+
+def release_stmt(dialect: str) -> Update:
+    """Hand the claim's rows ``:ids`` back at once (fenced on ``:token``), charging nothing.
+
+    Without it the rows a pass did not publish would wait out the whole lease: those after a
+    failure in strict order, everything after a broker outage or a graceful stop, and, with
+    ``:park`` true, those held back by a row that failed in this pass: parked, so the next claims
+    do not fill every batch with rows that must wait for it anyway.
+    """
+    return (
+        update(outbox_table)
+        .where(_fenced(), _ids(dialect))
+        .values(claimed_by=null(), claimed_at=null(), parked=bindparam("park", type_=Boolean()))
+    )
+
+
+def _retry_at(dialect: str) -> ColumnElement[dt.datetime]:
+    if dialect == "postgresql":
+        return func.now() + bindparam("delay", type_=Interval())
+    return bindparam("retry_at", type_=UTCDateTime())
+
+
+def fail_stmt(dialect: str) -> Update:
+    """Charge a failed publish to row ``:failed_id`` and hand it back (fenced on ``:token``).
+
+    ``attempts`` goes up by one and ``last_error`` is ``:error``. With ``:dead`` the row becomes
+    a dead letter (``dead_at``: never claimed again, still holding back its transaction's and
+    key's later rows, until an operator retries or discards it); otherwise it may be claimed
+    again once its backoff ends: ``now() + :delay`` on PostgreSQL, ``:retry_at`` on SQLite.
+    Run as an executemany, one parameter set per failed row.
+    """
+    t = outbox_table
+    now = _now(dialect)
+    dead = bindparam("dead", type_=Boolean())
+    return (
+        update(t)
+        .where(t.c.id == bindparam("failed_id", type_=t.c.id.type), _fenced())
         .values(
             claimed_by=null(),
             claimed_at=null(),
-            attempts=outbox_table.c.attempts + case((failed, 1), else_=0),
-            last_error=case(
-                (failed, bindparam("error", type_=Text())), else_=outbox_table.c.last_error
-            ),
+            attempts=t.c.attempts + 1,
+            last_error=bindparam("error", type_=Text()),
+            retry_at=case((dead, null()), else_=_retry_at(dialect)),
+            dead_at=case((dead, now), else_=null()),
         )
     )
 
 
+def settle_stmt() -> Select[Any]:
+    """PostgreSQL: write back a whole pass in one autocommit statement, fenced on ``:token``.
+
+    Marks ``:ids`` published (unparking what they held back, as :func:`mark_published_stmt`),
+    charges the failed rows (``:failed_ids`` with their ``:errors``, ``:delays`` and ``:deads``,
+    as :func:`fail_stmt`), and hands back ``:released_ids`` and, parked, ``:held_ids`` (as
+    :func:`release_stmt`). One round trip instead of a transaction of four statements for every
+    pass with a failure. Returns the counts ``marked``, ``unparked``, ``charged``,
+    ``released``, ``held``.
+    """
+    t = outbox_table
+    now = func.now()
+    marked, unparked = _mark_ctes("postgresql", "token", "ids")
+    failures = (
+        func.unnest(
+            bindparam("failed_ids", type_=ARRAY(t.c.id.type)),
+            bindparam("errors", type_=ARRAY(Text())),
+            bindparam("delays", type_=ARRAY(Interval())),
+            bindparam("deads", type_=ARRAY(Boolean())),
+        )
+        .table_valued("id", "error", "delay", "dead")
+        .render_derived(name="failure")
+    )
+    charged = (
+        update(t)
+        .where(t.c.id == failures.c.id, _fenced())
+        .values(
+            claimed_by=null(),
+            claimed_at=null(),
+            attempts=t.c.attempts + 1,
+            last_error=failures.c.error,
+            retry_at=case((failures.c.dead, null()), else_=now + failures.c.delay),
+            dead_at=case((failures.c.dead, now), else_=null()),
+        )
+        .returning(t.c.id)
+        .cte("charged")
+    )
+
+    def release(name: str, park: bool) -> Any:
+        return (
+            update(t)
+            .where(_fenced(), _ids("postgresql", name))
+            .values(claimed_by=null(), claimed_at=null(), parked=park)
+            .returning(t.c.id)
+            .cte(name.removesuffix("_ids"))
+        )
+
+    parts = (marked, unparked, charged, release("released_ids", False), release("held_ids", True))
+    names = ("marked", "unparked", "charged", "released", "held")
+    return select(
+        *(
+            select(func.count()).select_from(part).scalar_subquery().label(name)
+            for part, name in zip(parts, names, strict=True)
+        )
+    )
+
+
+def renew_stmt(dialect: str) -> Update:
+    """Renew the lease of the claim's rows ``:ids`` (fenced on ``:token``): ``claimed_at = now``.
+
+    ``rowcount`` below the number still held means the claim was lost: its lease lapsed and
+    another relay took the rows, so this pass must publish nothing more of it.
+    """
+    return update(outbox_table).where(_fenced(), _ids(dialect)).values(claimed_at=_now(dialect))
+
+
+def idle_stmt(dialect: str) -> Select[Any, Any, Any, int, dt.datetime]:
+    """What an idle relay must come back for, in one query over the unpublished rows:
+    ``next_run_at`` and ``next_retry_at`` (the earliest still in the future), ``oldest_claim``
+    (lapses ``claim_lease`` later), ``parked`` (a count) and the database's ``now``."""
+    t = outbox_table
+    now = _now(dialect)
+    alive = t.c.dead_at.is_(None)
+    return select(
+        func.min(t.c.run_at).filter(alive, t.c.run_at > now).label("next_run_at"),
+        func.min(t.c.retry_at).filter(alive, t.c.retry_at > now).label("next_retry_at"),
+        func.min(t.c.claimed_at).filter(t.c.claimed_at.is_not(None)).label("oldest_claim"),
+        func.count().filter(t.c.parked).label("parked"),
+        now.label("now"),
+    ).where(_unpublished())
+
+
+# --- inspection and operators ------------------------------------------------------------------
+
+
 def pending_stmt() -> Select[int]:
-    """How many committed rows are not yet published."""
+    """How many committed rows are not yet published (dead letters included)."""
     return select(func.count()).select_from(outbox_table).where(_unpublished())
 
 
-def status_stmt(dialect: str) -> Select[int, int, Any, int]:
-    """Pending, due, oldest pending ``staged_at`` and rows with failed attempts, in one query."""
+# --- dead letters and status (operator statements) ---------------------------------------------
+#
+# What ``sqla-outbox status`` and the dead-letter operations (:mod:`sqla_outbox.dead_letters`,
+# ``sqla-outbox dead``) run. None of them is fenced: they run outside any claim, and a dead letter
+# is never claimed, so no relay holds the rows they change.
+
+
+def status_stmt(dialect: str) -> Select[int, int, Any, int, int, int, int]:
+    """The backlog in one query: ``pending``, ``due``, ``oldest_staged_at``, ``failing`` (rows
+    with failed attempts), ``dead``, ``backing_off`` (waiting out a retry backoff) and ``parked``
+    (held back behind a failed or dead row)."""
+    t = outbox_table
     now = _now(dialect)
     unpublished = _unpublished()
+    alive = and_(unpublished, t.c.dead_at.is_(None))
     return select(
         func.count().filter(unpublished).label("pending"),
-        func.count().filter(and_(unpublished, outbox_table.c.run_at <= now)).label("due"),
-        func.min(outbox_table.c.staged_at).filter(unpublished).label("oldest_staged_at"),
-        func.count().filter(and_(unpublished, outbox_table.c.attempts > 0)).label("failing"),
-    ).select_from(outbox_table)
+        func.count()
+        .filter(
+            alive,
+            t.c.run_at <= now,
+            ~t.c.parked,
+            or_(t.c.retry_at.is_(None), t.c.retry_at <= now),
+        )
+        .label("due"),
+        func.min(t.c.staged_at).filter(unpublished).label("oldest_staged_at"),
+        func.count().filter(unpublished, t.c.attempts > 0).label("failing"),
+        func.count().filter(unpublished, t.c.dead_at.is_not(None)).label("dead"),
+        func.count().filter(alive, t.c.retry_at > now).label("backing_off"),
+        func.count().filter(alive, t.c.parked).label("parked"),
+    ).select_from(t)
 
 
-def claims_stmt() -> Select[str | None, int, Any]:
+def claims_stmt() -> Select[Any]:
     """Claims holding unpublished rows, per fence token: token, rows ``held``, ``claimed_at``."""
     return (
         select(
@@ -327,3 +690,119 @@ def claims_stmt() -> Select[str | None, int, Any]:
         .group_by(outbox_table.c.claimed_by)
         .order_by(outbox_table.c.claimed_by)
     )
+
+
+_FAILURE_COLUMNS = (
+    outbox_table.c.attempts,
+    outbox_table.c.last_error,
+    outbox_table.c.retry_at,
+    outbox_table.c.dead_at,
+)
+
+
+def holding_stmt() -> Select[Any]:
+    """The failed rows holding others back, in claim order, up to ``:limit``: each message's
+    columns, then ``attempts``, ``last_error``, ``retry_at`` and ``dead_at``."""
+    t = outbox_table
+    return (
+        select(*_MESSAGE_COLUMNS, *_FAILURE_COLUMNS)
+        .where(_unpublished(), t.c.attempts > 0)
+        .order_by(t.c.staged_at, t.c.id)
+        .limit(bindparam("limit"))
+    )
+
+
+def _dead(ids: bool, dialect: str) -> list[ColumnElement[bool]]:
+    conditions = [_unpublished(), outbox_table.c.dead_at.is_not(None)]
+    if ids:
+        conditions.append(_ids(dialect))
+    return conditions
+
+
+def dead_letters_stmt() -> Select[Any]:
+    """Every dead letter in claim order: the message's columns, then ``attempts``,
+    ``last_error``, ``retry_at`` (NULL) and ``dead_at``."""
+    t = outbox_table
+    return (
+        select(*_MESSAGE_COLUMNS, *_FAILURE_COLUMNS)
+        .where(*_dead(False, "postgresql"))
+        .order_by(t.c.staged_at, t.c.id)
+    )
+
+
+def retry_dead_stmt(dialect: str, *, ids: bool) -> Update:
+    """Make dead letters claimable again (all, or ``:ids``), attempts reset to 0; returns the
+    ``id`` of each row it changed.
+
+    They keep their place in claim order, so a retried dead letter is published before what it
+    held back (which stays parked until it is). ``last_error`` is kept: it says why the row died
+    until a new failure replaces it.
+    """
+    return (
+        update(outbox_table)
+        .where(*_dead(ids, dialect))
+        .values(dead_at=null(), retry_at=null(), attempts=0, claimed_by=null(), claimed_at=null())
+        .returning(outbox_table.c.id)
+    )
+
+
+def delete_dead_stmt(dialect: str, *, ids: bool) -> Delete:
+    """Delete dead letters (all, or ``:ids``): never published; returns the ``id`` of each row
+    it deleted. Run after :func:`unpark_behind_stmt` for the same rows, in the same
+    transaction: once a holder is gone, nothing names the rows it parked."""
+    statement = delete(outbox_table).where(*_dead(ids, dialect)).returning(outbox_table.c.id)
+    # SQLAlchemy 2.1 declares its typing-only ReturningDelete a subclass of Update (a slip
+    # upstream); the statement is a Delete.
+    return statement  # type: ignore[return-value]
+
+
+def backlog_stmt() -> Select[int, int, Any]:
+    """The backlog gauges in one query: ``pending`` (unpublished, dead letters included), ``dead``
+    and ``oldest_staged_at`` (of the pending rows; NULL when there are none).
+
+    The numbers of :func:`status_stmt`, for a metrics scrape: restricted to unpublished rows in
+    its WHERE clause, which the partial index ``ix_outbox_unpublished`` covers, so its cost
+    follows the backlog and not the history of published rows still in the table.
+    """
+    t = outbox_table
+    return (
+        select(
+            func.count().label("pending"),
+            func.count().filter(t.c.dead_at.is_not(None)).label("dead"),
+            func.min(t.c.staged_at).label("oldest_staged_at"),
+        )
+        .select_from(t)
+        .where(_unpublished())
+    )
+
+
+# --- retention (operator statement) ------------------------------------------------------------
+
+
+def purge_stmt(dialect: str) -> Delete:
+    """Delete up to ``:limit`` published rows whose ``published_at`` is before ``:cutoff``, oldest
+    first; ``rowcount`` says how many (:mod:`sqla_outbox.retention` runs it, batch by batch).
+
+    Only published rows can match (``published_at < :cutoff`` is never true of NULL), so an
+    unpublished row, a claimed one, one backing off or a dead letter is never deleted.
+    ``ix_outbox_published`` (schema version 3) hands the rows over in ``published_at`` order, so
+    a batch reads what it deletes and nothing else. On PostgreSQL they are locked ``FOR UPDATE
+    SKIP LOCKED``: relays lock only unpublished rows, so the lock is for another purge running
+    at the same time (a second relay's, an operator's), which then deletes other rows instead of
+    waiting for these; and ``= ANY(ARRAY(...))`` keeps the delete on the primary key, as in the
+    claim. SQLite has one writer at a time: a plain ``IN (...)``.
+    """
+    t = outbox_table
+    oldest = (
+        select(t.c.id)
+        .where(t.c.published_at < bindparam("cutoff", type_=UTCDateTime()))
+        .order_by(t.c.published_at)
+        .limit(bindparam("limit"))
+    )
+    chosen: ColumnElement[bool]
+    if dialect == "postgresql":
+        locked = oldest.with_for_update(skip_locked=True).scalar_subquery()
+        chosen = t.c.id == any_(func.array(locked))
+    else:
+        chosen = t.c.id.in_(oldest)
+    return delete(t).where(chosen)

@@ -1,17 +1,21 @@
 """The relay: claim committed rows, publish them in order, mark them published, fenced.
 
-A pass is three short transactions with the publishing in between, outside any transaction:
+A pass is short statements with the publishing in between, outside any transaction:
 
 1. **Claim** (one statement, see :func:`~sqla_outbox.queries.claim_stmt`): lease up to
    ``batch_size`` due rows in claim order, stamping ``claimed_by`` with a fence token minted for
-   *this claim* (``<relay_id>:<random>``) and ``claimed_at`` with the database's clock.
-2. **Publish** each message in claim order. The first failure stops the pass: a later message
-   must never overtake an earlier one that has not gone out (a ``charge_card`` staged after
-   ``create_invoice`` must not run first). A poisoned row therefore holds up the rows behind it,
-   visibly, in ``pending()`` and ``sqla-outbox status``; that is the price of order.
-3. **Mark and release** (one transaction): the published prefix is marked published and the
-   rest of the claim is handed back at once, recording the error on the row that failed, so the
-   rest is claimable immediately rather than after the lease.
+   *this claim* (``<relay_id>:<random>``) and ``claimed_at`` with the database's clock. A row
+   is claimed only with every earlier unpublished row of its transaction and of its
+   ``ordering_key``, so no relay can publish it ahead of them.
+2. **Publish** in claim order (:mod:`sqla_outbox.publishing`). With ``order="key"`` (default) a
+   message the broker refuses holds back only the later messages of its transaction and key;
+   everything else in the claim is still published. With ``order="strict"`` the first failure
+   ends the pass. A broker that cannot be reached is an outage: the pass ends, nobody is
+   charged, and the loop backs off as a whole. While the pass publishes, its lease is renewed
+   (:mod:`sqla_outbox.renewal`), so a slow broker never lets it lapse.
+3. **Settle** (one transaction): mark what was published, charge each failed row an attempt
+   (retried after a backoff, a dead letter after ``max_publish_attempts``,
+   :mod:`sqla_outbox.retries`), and hand the rest back at once, uncharged.
 
 A publisher fails by raising anything at all: a ``BaseException`` such as an
 ``asyncio.CancelledError`` escaping a client is a failed publish like any ``Exception``. Only
@@ -24,7 +28,8 @@ A loop working through a backlog (``drain()``, ``start()``, ``run()``) defers th
 claim it published in full to the claim that follows at once: on PostgreSQL both travel in one
 statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), on SQLite in one transaction. A
 pass is then one round trip plus the publishing. A mark is never left waiting: before the loop
-sleeps, stops, or gives up after an error, it writes the mark on its own.
+sleeps, stops, or gives up after an error, it writes the mark on its own. The statements
+themselves run in :mod:`sqla_outbox.claims`.
 
 Every update after the claim is fenced on the claim's token. A relay that stalls past its lease
 (GC pause, stuck broker call) wakes into a world where another relay has reclaimed its rows;
@@ -46,30 +51,38 @@ import logging
 import secrets
 import signal
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
-from operator import itemgetter
 from types import FrameType
-from typing import Any, NoReturn, cast
+from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Engine, Executable
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import driver_sql, queries
+from sqla_outbox import queries
+from sqla_outbox.claims import Claimed, ClaimStatements, Unmarked
 from sqla_outbox.engines import hide_password
-from sqla_outbox.errors import ConfigurationError, PublishError
+from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.listener import NotificationListener, can_listen
 from sqla_outbox.liveness import Liveness, liveness_bound
-from sqla_outbox.logs import log_event, logfmt
+from sqla_outbox.logs import PassLog, log_event, logfmt
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.model import as_utc
+from sqla_outbox.metrics import Registry, relay_metrics
 from sqla_outbox.notify import subscribe, unsubscribe
+from sqla_outbox.observers import PassObserver, PassReport
 from sqla_outbox.preflight import RELAY_PRIVILEGES, check_outbox_table, engine_from_url, relay_bind
 from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
+from sqla_outbox.publishing import ENDS_PROCESS, PassOutcome, publish_claim
+from sqla_outbox.renewal import Claim, LeaseRenewal
+from sqla_outbox.retention import BackgroundPurge, resolve_older_than
+from sqla_outbox.retries import (
+    DEFAULT_MAX_PUBLISH_ATTEMPTS,
+    DEFAULT_RETRY_BASE,
+    DEFAULT_RETRY_MAX,
+    resolve_retry_policy,
+)
 from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.settings import (
     DEFAULT_BATCH_SIZE,
@@ -79,23 +92,20 @@ from sqla_outbox.settings import (
     resolve_claim_lease,
     resolve_poll_interval,
 )
+from sqla_outbox.tracing import trace_publish, trace_publish_batch
 
 __all__ = ["PassResult", "Relay"]
 
 log = logging.getLogger("sqla_outbox.relay")
 
 MAX_BACKOFF = 10.0
-"""Seconds, the longest the loop waits before retrying after a database error or failed publish."""
+"""Seconds, the longest the loop waits before retrying after a database error or an outage."""
 
-_ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
-"""What a publisher may raise that is not a failed publish but a request to stop.
+SWEEP_INTERVAL = 5.0
+"""Seconds between the idle loop's sweeps for parked rows nothing holds back any more."""
 
-Every other ``BaseException`` is a failed publish like any ``Exception``: an
-``asyncio.CancelledError`` escaping a client's event loop (or ``GeneratorExit``) says that message
-did not go out, not that the relay should end. These two still end the caller (``tick()``,
-``drain()``, ``run()``, the thread of ``start()``), after the pass marks what went out and hands
-the rest back with nothing recorded against the row, as a graceful stop does.
-"""
+IDLE_MAX = 30.0
+"""Seconds, the longest an idle relay whose LISTEN connection is up waits before it claims."""
 
 _MAX_RELAY_ID = 200  # leaves room for ":<token>" in the 255-character claimed_by column
 
@@ -107,59 +117,17 @@ class PassResult:
     claimed: int = 0
     published: int = 0
     failed: bool = False
-    """True if a publish failed (the rest of that claim was handed back)."""
+    """True if a publish failed: a message the broker refused, or an outage."""
+    outage: bool = False
+    """True if the broker could not be reached (the rest of that claim was handed back)."""
 
     def __add__(self, other: PassResult) -> PassResult:
         return PassResult(
             self.claimed + other.claimed,
             self.published + other.published,
             self.failed or other.failed,
+            self.outage or other.outage,
         )
-
-
-_MESSAGE_PART = itemgetter(slice(1, None))
-"""A mark-and-claim row without its leading ``marked`` column."""
-
-
-_as_message: Callable[[Sequence[Any]], OutboxMessage] = partial(tuple.__new__, OutboxMessage)
-"""A claimed row's eleven values as an :class:`OutboxMessage`, without a Python-level call.
-
-``OutboxMessage._make`` does the same through a Python function and a length check; the claim's
-columns are :data:`~sqla_outbox.queries.MESSAGE_FIELDS`, so the length is right by construction
-(a unit test pins the two together), and a drain builds tens of thousands of these a second.
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class _Published:
-    """A published run of a claim, ``first`` to ``last``: what one fenced mark retires.
-
-    A loop keeps the one of a claim it published in full (``Relay._unmarked``) until the next
-    claim carries its mark.
-    """
-
-    token: str
-    first: OutboxMessage
-    last: OutboxMessage
-    count: int
-
-
-def _from_driver_row(row: Any) -> OutboxMessage:
-    """A message from a claim row as psycopg returns it (timestamps normalised to UTC)."""
-    return OutboxMessage(
-        row[0], row[1], row[2], row[3], row[4], row[5],
-        as_utc(row[6]), as_utc(row[7]), row[8], row[9], row[10],
-    )  # fmt: skip
-
-
-def _slice(first: OutboxMessage, last: OutboxMessage, prefix: str = "") -> dict[str, Any]:
-    """Bounds of a contiguous run of a claim, for the fenced mark and release statements."""
-    return {
-        f"{prefix}first_staged_at": first.staged_at,
-        f"{prefix}first_id": first.id,
-        f"{prefix}last_staged_at": last.staged_at,
-        f"{prefix}last_id": last.id,
-    }
 
 
 def _describe(error: BaseException) -> str:
@@ -194,27 +162,57 @@ def _resolve_relay_id(relay_id: str | None) -> str:
     return relay_id
 
 
+def _resolve_order(order: object) -> str:
+    if order not in queries.ORDERS:
+        raise ConfigurationError(
+            f"order must be 'key' or 'strict', got {order!r}. Pass order='key' (a message waits "
+            "only for its transaction and ordering key) or order='strict' (nothing overtakes a "
+            "failed message)."
+        )
+    return str(order)
+
+
 class Relay:
-    """Publishes committed outbox rows, at least once, in claim order.
+    """Publishes committed outbox rows, at least once, in order.
 
     Run several for throughput and availability: claims use ``SKIP LOCKED`` so relays never wait
     for each other, and fenced updates make a stalled relay harmless. See the module docs.
 
-    :param bind: an ``Engine`` or a database URL.
+    :param bind: an ``Engine`` or a database URL (an ``AsyncEngine`` on psycopg 3 or aiosqlite
+        is replaced by a synchronous engine on the same URL).
     :param publisher: a callable taking one :class:`OutboxMessage`, or an object with
-        ``publish(message)``; raising means "not published".
+        ``publish(message)``; raising means "not published", raising
+        :class:`~sqla_outbox.BrokerUnavailableError` means "the broker is down".
     :param batch_size: rows per claim.
     :param poll_interval: seconds between passes when there is nothing to do.
-    :param claim_lease: seconds (or ``timedelta``) a claim stays this relay's; must be positive
-        and finite, and the same for every relay of a deployment.
+    :param claim_lease: seconds (or ``timedelta``) a claim stays this relay's unless renewed;
+        must be positive and finite, and the same for every relay of a deployment.
     :param relay_id: readable id, shown in ``claimed_by`` and logs; default ``relay-<uuid4>``.
     :param poll_only: do not LISTEN for commit notifications on PostgreSQL (needed behind
         PgBouncer in transaction pooling mode); rely on ``poll_interval`` alone.
+    :param order: ``"key"`` (default): an unpublished message holds back only the later
+        messages of its own transaction and of its ``ordering_key``. ``"strict"``: the first
+        failed message holds back every later one.
+    :param max_publish_attempts: failed publishes after which a row becomes a dead letter;
+        ``None`` retries for ever.
+    :param retry_base: seconds; a row that failed ``n`` times waits ``min(retry_base * 2 **
+        (n - 1), retry_max)`` before it is claimed again.
+    :param retry_max: seconds, the longest retry backoff.
+    :param registry: the Prometheus ``CollectorRegistry`` to record this relay's metrics in
+        (:mod:`sqla_outbox.metrics`); ``None``: prometheus_client's default ``REGISTRY``, if
+        prometheus_client is installed (``pip install "sqla-outbox[prometheus]"``), else none.
+        Relays sharing a registry share its metrics.
+    :param retain_published: a ``timedelta``: while it has nothing to publish, the relay deletes
+        the rows published longer ago than that, a bounded round at a time, at most once a
+        minute unless it has more to catch up on (``relay.retention``, a
+        :class:`~sqla_outbox.retention.BackgroundPurge`; logged as ``relay.purged``). Needs
+        ``DELETE`` on the table. ``None`` (default): published rows are kept; purge them with
+        :func:`~sqla_outbox.purge` or ``sqla-outbox purge``.
 
     .. attribute:: max_backoff
 
-        Seconds, the longest the loop waits before retrying after a database error or a failed
-        publish (default :data:`MAX_BACKOFF`). It is part of :attr:`liveness_bound`; set it
+        Seconds, the longest the loop waits before retrying after a database error or a broker
+        outage (default :data:`MAX_BACKOFF`). It is part of :attr:`liveness_bound`; set it
         before :meth:`start`.
     """
 
@@ -228,54 +226,61 @@ class Relay:
         claim_lease: float | dt.timedelta = DEFAULT_CLAIM_LEASE,
         relay_id: str | None = None,
         poll_only: bool = False,
+        order: str = "key",
+        max_publish_attempts: int | None = DEFAULT_MAX_PUBLISH_ATTEMPTS,
+        retry_base: float = DEFAULT_RETRY_BASE,
+        retry_max: float = DEFAULT_RETRY_MAX,
+        registry: Registry | None = None,
+        retain_published: dt.timedelta | None = None,
     ) -> None:
         self.batch_size = resolve_batch_size(batch_size)
         self.poll_interval = resolve_poll_interval(poll_interval)
         self.claim_lease = resolve_claim_lease(claim_lease)
         self.relay_id = _resolve_relay_id(relay_id)
+        self.order = _resolve_order(order)
+        self.retry = resolve_retry_policy(max_publish_attempts, retry_base, retry_max)
+        if retain_published is not None:
+            retain_published = resolve_older_than(retain_published, argument="retain_published")
         self.publisher = publisher
-        self._publish = publish_function(publisher)
-        self._publish_batch = batch_function(publisher)
+        self._publish = trace_publish(publish_function(publisher), publisher)
+        self._publish_batch = trace_publish_batch(batch_function(publisher), publisher)
         self.engine = _relay_engine(bind)
         self._owns_engine = self.engine is not bind
-        self._dialect = self.engine.dialect.name
-        self._claim = queries.claim_stmt(self._dialect)
-        self._mark = queries.mark_published_stmt(self._dialect)
-        self._release = queries.release_stmt()
-        # PostgreSQL marks a claim inside the next claim's statement; SQLite, which allows no
-        # UPDATE inside WITH, in the next claim's transaction.
-        self._mark_and_claim = (
-            queries.mark_and_claim_stmt() if self._dialect == "postgresql" else None
+        self.retention = (
+            None
+            if retain_published is None
+            else BackgroundPurge(self.engine, retain_published, relay_id=self.relay_id)
         )
-        self._unmarked: _Published | None = None
+        self._liveness = Liveness()
+        self._statements = ClaimStatements(
+            self.engine,
+            relay_id=self.relay_id,
+            order=self.order,
+            batch_size=self.batch_size,
+            claim_lease=self.claim_lease,
+            retry=self.retry,
+            liveness=self._liveness,
+        )
+        self._renewal = LeaseRenewal(
+            self._statements.renew, self.claim_lease.total_seconds() / 3, self.relay_id
+        )
+        self._unmarked: Unmarked | None = None
         self._pass_lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_sweep = 0.0
+        self._observers: list[PassObserver] = []
+        if log.isEnabledFor(logging.DEBUG):
+            self.observe(PassLog(log))
+        metrics = relay_metrics(self, registry)  # imports prometheus_client only if installed
+        if metrics is not None:
+            self.observe(metrics)
         self.max_backoff = MAX_BACKOFF
-        self._liveness = Liveness()
         self.poll_only = poll_only or not can_listen(self.engine)
         self._listener = (
             None if self.poll_only else NotificationListener(self.engine, self.wake, self.relay_id)
         )
-        # Single statements run in autocommit on PostgreSQL: a claim or a mark is one round trip
-        # instead of BEGIN + statement + COMMIT, and is atomic on its own.
-        self._autocommit = (
-            self.engine.execution_options(isolation_level="AUTOCOMMIT")
-            if self._dialect == "postgresql"
-            else None
-        )
-        self._held: Connection | None = None
-        # On PostgreSQL through psycopg the pass's statements run pre-compiled, with psycopg's
-        # own parameter adaptation and result values (uuid, jsonb -> dict, timestamptz): the
-        # claim is the one statement whose rows are many, and SQLAlchemy's per-value processing
-        # and per-statement cache lookups were a fifth of a drain's time.
-        self._precompiled: dict[int, driver_sql.Precompiled] = {}
-        if driver_sql.applies(self.engine.dialect, self.engine.get_execution_options()):
-            for statement in (self._claim, self._mark_and_claim, self._mark, self._release):
-                if statement is not None:
-                    compiled = driver_sql.precompile(statement, self.engine.dialect)
-                    self._precompiled[id(statement)] = compiled
 
     def __repr__(self) -> str:
         return f"<Relay {self.relay_id} on {hide_password(self.engine.url)}>"
@@ -296,13 +301,15 @@ class Relay:
             return self._pass(interruptible=False)
         finally:
             with self._pass_lock:
-                self._drop_held()  # only loops keep a connection between passes
+                self._statements.drop_connection()  # only loops keep one between passes
 
     def drain(self) -> PassResult:
-        """Run passes until nothing due is left, a publish fails, or :meth:`stop` is called.
+        """Run passes until nothing claimable is left, the broker is down, or :meth:`stop`.
 
-        Returns the sum of what the passes did. A ``stop()`` from another thread (or a signal
-        under ``run(once=True)``) ends the pass in flight after the message being published.
+        A message that fails is charged and retried later (it is not claimable during its
+        backoff), so a drain goes on past it; ``failed`` in the result says one did. Returns the
+        sum of what the passes did. A ``stop()`` from another thread (or a signal under
+        ``run(once=True)``) ends the pass in flight after the message being published.
         """
         self._stopping.clear()
         return self._drain()
@@ -313,7 +320,9 @@ class Relay:
             while not self._stopping.is_set():
                 result = self._pass(interruptible=True, defer_mark=True)
                 total += result
-                if result.failed or not result.claimed:
+                if result.outage:
+                    break
+                if not result.claimed and not self._sweep():
                     break
         except BaseException:
             self._end_passes(quiet=True)  # the error that ended the drain is the one to raise
@@ -326,32 +335,87 @@ class Relay:
         so a claim published in full leaves its mark to ride on that next claim."""
         with self._pass_lock:
             token = f"{self.relay_id}:{secrets.token_hex(8)}"
-            messages = self._claim_rows(token)
-            if not messages:
+            unmarked, self._unmarked = self._unmarked, None
+            try:
+                claimed = self._statements.claim(token, unmarked)
+            except BaseException:
+                # The mark went down with the claim carrying it: keep it for the next attempt
+                # (or for _end_passes). Writing it twice is harmless: the mark is fenced.
+                self._unmarked = unmarked
+                raise
+            if not claimed.messages:
                 return PassResult()
-            published, failure = self._publish_in_order(messages, interruptible)
-            if failure is not None and isinstance(failure[1], _ENDS_PROCESS):
-                self._settle_and_raise(token, messages, published, failure[1])
-            if defer_mark and failure is None and not self._stopping.is_set():
-                self._unmarked = _Published(token, messages[0], messages[-1], published)
+            started = time.perf_counter()
+            outcome = self._publish_claim(claimed, interruptible)
+            dead: list[OutboxMessage] = []
+            if defer_mark and outcome.complete and not self._stopping.is_set():
+                self._unmarked = Unmarked(token, [m.id for m in outcome.published])
             else:
-                self._settle(token, messages, published, failure)
-            return PassResult(len(messages), published, failure is not None)
+                dead = self._settle(claimed, outcome)
+            if self._observers:
+                self._report(claimed, outcome, dead, time.perf_counter() - started)
+            if outcome.outage is not None:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "relay.broker_unavailable",
+                    relay=self.relay_id,
+                    published=len(outcome.published),
+                    handed_back=len(outcome.handed_back),
+                    error=_describe(outcome.outage),
+                )
+            if outcome.stop is not None:
+                raise outcome.stop
+            return PassResult(
+                len(claimed.messages),
+                len(outcome.published),
+                bool(outcome.failed) or outcome.outage is not None,
+                outcome.outage is not None,
+            )
 
-    def _settle_and_raise(
-        self, token: str, messages: list[OutboxMessage], published: int, error: BaseException
-    ) -> NoReturn:
-        """Settle a pass a publisher ended with ``KeyboardInterrupt``/``SystemExit``, then raise it.
-
-        Settled as a graceful stop: the message in flight is not to blame, so nothing is recorded
-        on its row. A database error while settling is logged, not raised in its place: the
-        request to stop is what the caller must see (the rows wait out the lease instead).
-        """
+    def _publish_claim(self, claimed: Claimed, interruptible: bool) -> PassOutcome:
+        """Publish one claim in order while its lease is renewed."""
+        stopping = self._stopping if interruptible else threading.Event()
+        claim = Claim(claimed.token, [m.id for m in claimed.messages])
+        lost = claim.lost
+        self._renewal.begin(claim)
         try:
-            self._settle(token, messages, published, None)
+            return publish_claim(
+                claimed.messages,
+                self._publish,
+                self._publish_batch,
+                strict=self.order == "strict",
+                should_stop=lambda: stopping.is_set() or lost.is_set(),
+            )
+        finally:
+            self._renewal.end()
+
+    def _settle(self, claimed: Claimed, outcome: PassOutcome) -> list[OutboxMessage]:
+        """Write a pass back; a pass a publisher ended with ``KeyboardInterrupt``/``SystemExit``
+        logs a database error here instead of raising it, so the stop is what the caller sees
+        (its rows then wait out the lease). Returns the messages that became dead letters."""
+        try:
+            return self._statements.settle(claimed, outcome)
         except Exception:
+            if outcome.stop is None:
+                raise
             log.exception("relay %s could not settle its claim before stopping", self.relay_id)
-        raise error
+            return []
+
+    def observe(self, observer: PassObserver) -> None:
+        """Have ``observer.pass_done`` called after every pass that claims something (see
+        :mod:`sqla_outbox.observers`); metrics and debug logs subscribe this way."""
+        self._observers.append(observer)
+
+    def _report(
+        self, claimed: Claimed, outcome: PassOutcome, dead: list[OutboxMessage], seconds: float
+    ) -> None:
+        report = PassReport(self.relay_id, tuple(claimed.messages), outcome, tuple(dead), seconds)
+        for observer in self._observers:
+            try:
+                observer.pass_done(report)
+            except Exception:
+                log.exception("an observer of relay %s failed", self.relay_id)
 
     def _end_passes(self, *, quiet: bool) -> None:
         """Write a deferred mark, if any, and let go of the connection held between passes.
@@ -361,222 +425,62 @@ class Relay:
         published again once their lease lapses (at least once).
         """
         with self._pass_lock:
+            unmarked, self._unmarked = self._unmarked, None
             try:
-                self._settle_unmarked()
+                if unmarked is not None:
+                    self._statements.mark(unmarked)
             except Exception as error:
                 if not quiet:
                     raise
-                unmarked = self._unmarked
                 log_event(
                     log,
                     logging.WARNING,
                     "relay.mark_failed",
                     relay=self.relay_id,
                     claim=unmarked.token if unmarked else None,
-                    rows=unmarked.count if unmarked else 0,
+                    rows=len(unmarked.ids) if unmarked else 0,
                     error=f"{type(error).__name__}: {error}".splitlines()[0],
                 )
-                self._unmarked = None
             finally:
-                self._drop_held()
+                self._statements.drop_connection()
 
-    def _settle_unmarked(self) -> None:
-        unmarked = self._unmarked
-        if unmarked is None:
-            return
-        with self._transaction(statements=1) as conn:
-            marked = self._execute(conn, self._mark, self._mark_params(unmarked)).rowcount
-        self._unmarked = None
-        self._check_marked(unmarked, marked)
+    def _idle_wait(self) -> float:
+        """Seconds the idle loop may wait for a wake-up before it claims again (0: claim now).
 
-    def _mark_params(self, unmarked: _Published, prefix: str = "") -> dict[str, Any]:
-        return self._params(
-            **{f"{prefix}token": unmarked.token},
-            **_slice(unmarked.first, unmarked.last, prefix),
-        )
-
-    def _check_marked(self, unmarked: _Published, marked: int) -> None:
-        if marked != unmarked.count:
-            self._log_lost_claim(unmarked.token, "mark", expected=unmarked.count, touched=marked)
-
-    def _params(self, **params: Any) -> dict[str, Any]:
-        if self._dialect != "postgresql":
-            now = dt.datetime.now(dt.timezone.utc)
-            params["now"] = now
-            if "lease" in params:
-                params["cutoff"] = now - params.pop("lease")
-        return params
-
-    def _claim_rows(self, token: str) -> list[OutboxMessage]:
-        """Claim the next rows, writing the deferred mark of the previous claim with them."""
-        params = self._params(limit=self.batch_size, lease=self.claim_lease, token=token)
-        unmarked = self._unmarked
-        if unmarked is None:
-            with self._transaction(statements=1) as conn:
-                _, messages = self._claimed(self._execute(conn, self._claim, params))
-        elif self._mark_and_claim is not None:
-            params.update(self._mark_params(unmarked, prefix="previous_"))
-            with self._transaction(statements=1) as conn:
-                result = self._execute(conn, self._mark_and_claim, params)
-                marked, messages = self._claimed(result, marked_column=True)
-            self._unmarked = None
-            self._check_marked(unmarked, marked)
-        else:
-            with self._transaction(statements=2) as conn:
-                marked = self._execute(conn, self._mark, self._mark_params(unmarked)).rowcount
-                _, messages = self._claimed(self._execute(conn, self._claim, params))
-            self._unmarked = None
-            self._check_marked(unmarked, marked)
-        if self._dialect != "postgresql":  # PostgreSQL's claim returns them in claim order
-            # UUID.int compares natively; UUID objects compare through Python-level methods.
-            messages.sort(key=lambda m: (m.staged_at, m.id.int))
-        return messages
-
-    def _claimed(
-        self, result: CursorResult[Any], *, marked_column: bool = False
-    ) -> tuple[int, list[OutboxMessage]]:
-        """The messages of a claim's result, and its leading ``marked`` count if it has one."""
-        rows: Sequence[Any]
-        if self._precompiled:
-            # psycopg's own tuples, read from the cursor: no SQLAlchemy Row per claimed row.
-            try:
-                rows = result.cursor.fetchall()
-            finally:
-                result.close()
-        else:
-            rows = cast("Sequence[Any]", result.all())  # Rows index like tuples
-        marked = rows[0][0] if marked_column else 0
-        if marked_column:
-            rows = list(map(_MESSAGE_PART, rows)) if rows[0][1] is not None else []
-        messages = list(map(_as_message, rows))
-        if self._precompiled and messages and messages[0].staged_at.tzinfo is not dt.timezone.utc:
-            # psycopg's values carry the session's zone; in a UTC session (use_utc_sessions)
-            # they are timezone.utc already and the rows are the messages as they are.
-            messages = [_from_driver_row(message) for message in messages]
-        return marked, messages
-
-    def _execute(
-        self, conn: Connection, statement: Executable, params: dict[str, Any]
-    ) -> CursorResult[Any]:
-        precompiled = self._precompiled.get(id(statement))
-        if precompiled is None:
-            return conn.execute(statement, params)
-        return conn.exec_driver_sql(precompiled.sql, precompiled.params(params))
-
-    def _publish_in_order(
-        self, messages: list[OutboxMessage], interruptible: bool
-    ) -> tuple[int, tuple[OutboxMessage, BaseException] | None]:
-        stopping = self._stopping if interruptible else threading.Event()
-        if self._publish_batch is not None:
-            if stopping.is_set():
-                return 0, None
-            try:
-                self._publish_batch(messages)
-            except BaseException as error:  # all of them: see _ENDS_PROCESS
-                # Only a PublishError says how many went out; anything else counts as none, so
-                # the worst case is a re-publish (at least once), never a lost message.
-                confirmed = error.published if isinstance(error, PublishError) else 0
-                confirmed = max(0, min(confirmed, len(messages) - 1))
-                return confirmed, (messages[confirmed], error)
-            return len(messages), None
-        published = 0
-        for message in messages:
-            if stopping.is_set():
-                break  # a graceful stop: mark what went out, hand back the rest
-            try:
-                self._publish(message)
-            except BaseException as error:  # all of them: see _ENDS_PROCESS
-                return published, (message, error)
-            published += 1
-        return published, None
-
-    def _settle(
-        self,
-        token: str,
-        messages: list[OutboxMessage],
-        published: int,
-        failure: tuple[OutboxMessage, BaseException] | None,
-    ) -> None:
-        remaining = len(messages) - published
-        with self._transaction(statements=(published > 0) + (remaining > 0)) as conn:
-            if published:
-                done = _Published(token, messages[0], messages[published - 1], published)
-                marked = self._execute(conn, self._mark, self._mark_params(done)).rowcount
-                self._check_marked(done, marked)
-            if remaining:
-                failed, error = failure if failure else (None, None)
-                params = {
-                    "token": token,
-                    "failed_id": failed.id if failed else None,
-                    "error": _describe(error)[:2000] if error else None,
-                    **_slice(messages[published], messages[-1]),
-                }
-                released = self._execute(conn, self._release, params).rowcount
-                if released != remaining:
-                    self._log_lost_claim(token, "release", expected=remaining, touched=released)
-        if failure:
-            message, error = failure
-            log_event(
-                log,
-                logging.WARNING,
-                "relay.publish_failed",
-                relay=self.relay_id,
-                job=message.job,
-                id=message.id,
-                published=published,
-                remaining=remaining,
-                error=_describe(error),
-            )
-
-    def _log_lost_claim(self, token: str, action: str, *, expected: int, touched: int) -> None:
-        # Another relay reclaimed rows after this claim's lease lapsed. Its work stands; ours
-        # is dropped. Rows we published but could not mark may be published twice.
-        log_event(
-            log,
-            logging.WARNING,
-            "relay.claim_lost",
-            relay=self.relay_id,
-            claim=token,
-            action=action,
-            expected=expected,
-            touched=touched,
-        )
-
-    @contextmanager
-    def _transaction(self, statements: int) -> Iterator[Connection]:
-        """A connection for one pass step: autocommit for a single statement on PostgreSQL.
-
-        Single statements reuse one connection held across passes (passes are serialised by
-        ``_pass_lock``), saving a pool checkout and an isolation-level reset per statement. Any
-        error drops it; the next step takes a fresh one from the pool.
+        Polling: ``poll_interval``, with a sweep for parked rows every :data:`SWEEP_INTERVAL`.
+        While LISTEN is up, every commit wakes the relay, so the loop only has to come back for
+        what no commit announces: a ``run_at`` or a retry backoff coming due, a claim's lease
+        lapsing, parked rows to sweep. One statement finds the earliest of those, and the loop
+        sleeps until then (at most :data:`IDLE_MAX`, and half the liveness bound).
         """
-        with raise_if_missing_table(self.engine):
-            if statements == 1 and self._autocommit is not None:
-                if self._held is None:
-                    self._held = self._autocommit.connect()
-                try:
-                    yield self._held
-                except BaseException:
-                    self._drop_held()
-                    raise
-                self._liveness.reached_database()
-                return
-            with self.engine.begin() as conn:
-                yield conn
-            self._liveness.reached_database()
+        listener = self._listener
+        if listener is None or not listener.listening.is_set():
+            if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL and self._sweep():
+                return 0.0
+            return self.poll_interval
+        due_in, parked = self._statements.idle_plan()
+        if parked and time.monotonic() - self._last_sweep >= SWEEP_INTERVAL and self._sweep():
+            return 0.0
+        wait = min(IDLE_MAX, self.liveness_bound / 2)
+        if due_in is not None:
+            wait = min(wait, due_in)
+        if parked:
+            wait = min(wait, SWEEP_INTERVAL)
+        return max(wait, self.poll_interval)
 
-    def _drop_held(self) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            try:
-                held.close()
-            except SQLAlchemyError:
-                log.debug("closing a broken relay connection failed", exc_info=True)
+    def _sweep(self) -> bool:
+        """Unpark rows whose holder went without unparking them; whether any were."""
+        with self._pass_lock:
+            self._last_sweep = time.monotonic()
+            swept = self._statements.sweep()
+        if swept:
+            log_event(log, logging.INFO, "relay.unparked", relay=self.relay_id, rows=swept)
+        return swept > 0
 
     # -- inspection -------------------------------------------------------------------------
 
     def pending(self) -> int:
-        """How many committed rows are not yet published."""
+        """How many committed rows are not yet published (dead letters included)."""
         with raise_if_missing_table(self.engine), self.engine.connect() as conn:
             return int(conn.execute(queries.pending_stmt()).scalar_one())
 
@@ -681,7 +585,7 @@ class Relay:
             subscribe(self)
             try:
                 self._passes()
-            except _ENDS_PROCESS as error:
+            except ENDS_PROCESS as error:
                 log_event(
                     log, logging.ERROR, "relay.aborted", relay=self.relay_id, error=_describe(error)
                 )
@@ -721,15 +625,16 @@ class Relay:
                     retry_in=round(backoff, 3),
                     error=f"{type(error).__name__}: {error}".splitlines()[0],
                 )
-            except _ENDS_PROCESS:
+            except ENDS_PROCESS:
                 raise
             except BaseException as error:
                 # A bug, or a BaseException from an event hook or a driver: the loop must not
                 # end silently over it, leaving committed rows unpublished until a restart.
                 self._log_unexpected(error, backoff)
-            if result is None or result.failed:
-                # A database error or a failed publish (a broker that is down): retry with
-                # capped backoff rather than hammer it, and the log, every poll_interval.
+            if result is None or result.outage:
+                # A database error or a broker that is down: retry with capped backoff rather
+                # than hammer it, and the log, every poll_interval. A message the broker refused
+                # is no reason to wait: it is charged, and everything else flows.
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
@@ -738,8 +643,16 @@ class Relay:
                 # More may be due. A short claim does not mean an empty backlog: a claim leaves
                 # out transactions another relay is still publishing the start of.
                 continue
-            self._wake.wait(self.poll_interval)
-            self._wake.clear()
+            if self.retention is not None and self.retention.run_if_due(self._stopping.is_set):
+                continue  # more history to purge: claim first, then the next round
+            try:
+                wait = self._idle_wait()
+            except SQLAlchemyError:
+                log.debug("planning the idle wait failed; polling instead", exc_info=True)
+                wait = self.poll_interval
+            if wait > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
         log_event(log, logging.INFO, "relay.stopped", relay=self.relay_id)
 
     def _log_unexpected(self, error: BaseException, retry_in: float) -> None:
@@ -759,6 +672,7 @@ class Relay:
         the caller's. Also called on leaving a ``with Relay(...) as relay:`` block.
         """
         self._end_passes(quiet=True)
+        self._renewal.close()
         close = getattr(self.publisher, "close", None)
         if callable(close):
             try:

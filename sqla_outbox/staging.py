@@ -47,6 +47,7 @@ connection's current transaction, which is the same guarantee.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sys
 import threading
@@ -138,8 +139,16 @@ def _listen_on(engine: Engine) -> None:
 
 
 def _write_attached(connection: Connection, *_xid: Any) -> None:
-    for staging in _attached.pop(connection, ()):
-        staging.write(connection)
+    try:
+        for staging in _attached.pop(connection, ()):
+            staging.write(connection)
+    except BaseException:
+        # The COMMIT will not be sent, yet SQLAlchemy ends the transaction as if it had been,
+        # and so skips the pool's rollback on return: roll back here, or the connection goes
+        # back to the pool inside a failed transaction.
+        with contextlib.suppress(Exception):
+            connection.connection.driver_connection.rollback()  # type: ignore[union-attr]
+        raise
 
 
 def _drop_attached(connection: Connection) -> None:
@@ -205,6 +214,7 @@ def enqueue(
     enqueued_by: str | None = None,
     traceparent: str | None = None,
     max_attempts: int | None = None,
+    ordering_key: str | None = None,
 ) -> OutboxMessage:
     """Stage ``job`` in ``session``'s transaction; it is written when that transaction commits.
 
@@ -213,8 +223,10 @@ def enqueue(
     that is not JSON or arguments of the wrong type, ``ValueError`` for values the table or the
     database would refuse. ``input`` is copied here, so changing the caller's object afterwards
     changes nothing that is written. Calling it from flush hooks and ``before_commit`` listeners
-    is fine; from ``after_commit`` it raises :class:`StagingError`. See the module documentation
-    for savepoints and rollbacks.
+    is fine; from ``after_commit`` it raises :class:`StagingError`. ``ordering_key``: messages
+    sharing it are published in staging order across transactions and relays (a held-back one
+    holds back only its own key and transaction). See the module documentation for savepoints
+    and rollbacks.
     """
     target, is_async = _resolve(session)
     options: dict[str, Any] = {
@@ -225,6 +237,7 @@ def enqueue(
         "enqueued_by": enqueued_by,
         "traceparent": traceparent,
         "max_attempts": max_attempts,
+        "ordering_key": ordering_key,
     }
     if isinstance(target, Connection):
         now = dt.datetime.now(dt.timezone.utc)

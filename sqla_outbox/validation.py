@@ -534,6 +534,7 @@ def build_message(
     enqueued_by: object,
     traceparent: object,
     max_attempts: object,
+    ordering_key: object = None,
 ) -> OutboxMessage:
     """Validate one ``enqueue`` call and return the message it stages, ``input`` copied."""
     name, job_queue, job_attempts = _job_fields(job)
@@ -543,6 +544,7 @@ def build_message(
     attempts = _max_attempts(name, "max_attempts", max_attempts)
     tenant = _optional_text(name, "tenant_id", tenant_id)
     by = _optional_text(name, "enqueued_by", enqueued_by)
+    order_key = _optional_text(name, "ordering_key", ordering_key)
     trace = _traceparent(name, traceparent)
     now = dt.datetime.now(dt.timezone.utc)
     when = _run_at(name, run_at, now)
@@ -559,4 +561,5 @@ def build_message(
         tenant_id=tenant,
         traceparent=trace,
         enqueued_by=by,
+        ordering_key=order_key,
     )

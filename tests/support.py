@@ -7,6 +7,7 @@ live in ``conftest.py``; this module holds plain functions and classes.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import subprocess
@@ -20,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 import sqla_outbox as outbox
-from sqla_outbox.errors import PublisherError, PublishError
+from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,6 +74,49 @@ def row(engine: Engine, message: OutboxMessage | uuid.UUID) -> Any:
         return session.execute(
             select(outbox.OutboxRow).where(outbox.OutboxRow.id == key)
         ).scalar_one()
+
+
+def expire_backoffs(engine: Engine) -> int:
+    """End every retry backoff now, as if its time had come: ``UPDATE outbox SET retry_at`` to
+    an hour ago wherever one is set. Tests use it instead of sleeping out a backoff; returns how
+    many rows it touched."""
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    backing_off = outbox.OutboxRow.retry_at.is_not(None)
+    with engine.begin() as conn:
+        return conn.execute(
+            update(outbox.OutboxRow).where(backing_off).values(retry_at=past)
+        ).rowcount
+
+
+def assert_charged(
+    engine: Engine, message: OutboxMessage | uuid.UUID, error: str, *, attempts: int = 1
+) -> Any:
+    """A message failure was charged to the row: unpublished and handed back (unclaimed), with
+    ``attempts`` failed publishes, ``error`` in ``last_error``, and a retry backoff that has not
+    ended yet (not a dead letter). Returns the row."""
+    charged = row(engine, message)
+    assert charged.published_at is None and charged.claimed_by is None
+    assert charged.attempts == attempts and charged.dead_at is None
+    assert charged.last_error is not None and error in charged.last_error, charged.last_error
+    assert charged.retry_at is not None
+    assert charged.retry_at > dt.datetime.now(dt.timezone.utc), "the backoff already ended"
+    return charged
+
+
+def assert_uncharged(engine: Engine, messages: Iterable[OutboxMessage | uuid.UUID]) -> None:
+    """The rows were handed back blameless: unclaimed, unpublished, no attempt charged, no
+    error, no backoff (an outage, a graceful stop, or rows a failure held back)."""
+    for message in messages:
+        handed_back = row(engine, message)
+        assert handed_back.claimed_by is None and handed_back.published_at is None
+        assert (handed_back.attempts, handed_back.last_error) == (0, None)
+        assert handed_back.retry_at is None and handed_back.dead_at is None
+
+
+def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    """The lines logged as ``event`` (``event=relay.broker_unavailable ...``), in order."""
+    lines = (record.getMessage() for record in caplog.records)
+    return [line for line in lines if line.startswith(f"event={event} ")]
 
 
 # --- waiting and ports -------------------------------------------------------------------------
@@ -149,7 +193,8 @@ class Recorder:
         try:
             self.inner.publish_batch(messages)
         except Exception as error:
-            done = error.published if isinstance(error, PublishError) else 0
+            confirming = (PublishError, BrokerUnavailableError)  # both carry the confirmed count
+            done = error.published if isinstance(error, confirming) else 0
             self.confirmed.extend(messages[:done])
             self.failures.append((error, time.monotonic() - started))
             self.failed.set()

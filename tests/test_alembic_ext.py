@@ -1,14 +1,18 @@
-"""alembic_ext: ``op.create_outbox_table()``/``op.drop_outbox_table()`` and autogenerate support.
+"""alembic_ext: the outbox operations (create, drop, upgrade between table versions) and
+autogenerate support.
 
 Every test runs against a real database (a fresh PostgreSQL database or SQLite file per test) or,
-for offline mode, Alembic's real SQL renderer; nothing is mocked.
+for offline mode, Alembic's real SQL renderer; nothing is mocked. Table versions themselves (what
+versions 1, 2 and 3 are, how a database's version is read) are pinned in ``test_versions.py``.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -26,8 +30,9 @@ from sqlalchemy.orm import Session
 
 import alembic_ext
 import sqla_outbox as outbox
-from alembic_ext import CreateOutboxTableOp, DropOutboxTableOp
+from alembic_ext import CreateOutboxTableOp, DropOutboxTableOp, UpgradeOutboxTableOp
 from sqla_outbox.engines import create_engine
+from sqla_outbox.versions import build_table, table_version
 
 EXAMPLE_INI = Path(__file__).resolve().parent.parent / "examples" / "alembic" / "alembic.ini"
 
@@ -36,6 +41,20 @@ COMPARE_OPTS: dict[str, Any] = {"compare_type": True, "compare_server_default": 
 
 INDEX_WHERE = "published_at IS NULL"
 INDEX_WHERE_SQL = f"WHERE {INDEX_WHERE}"
+
+V1_INDEXES = ["ix_outbox_unpublished"]
+V2_INDEXES = sorted(
+    [
+        "ix_outbox_unpublished",
+        "ix_outbox_claimable",
+        "ix_outbox_key",
+        "ix_outbox_failing",
+        "ix_outbox_parked_group",
+        "ix_outbox_parked_key",
+    ]
+)
+V2_COLUMNS = ["ordering_key", "retry_at", "dead_at", "parked"]
+V3_INDEXES = sorted([*V2_INDEXES, "ix_outbox_published"])
 
 
 def make_app_metadata() -> MetaData:
@@ -114,29 +133,57 @@ def example_config(url: URL) -> Config:
     return cfg
 
 
-def index_sql(conn: sa.Connection) -> str:
-    """The partial index's definition as the database stores it."""
+def index_sql(conn: sa.Connection, name: str = "ix_outbox_unpublished") -> str:
+    """An index's definition as the database stores it."""
     if conn.dialect.name == "postgresql":
-        query = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_outbox_unpublished'"
+        query = "SELECT indexdef FROM pg_indexes WHERE indexname = :name"
     else:
-        query = "SELECT sql FROM sqlite_master WHERE name = 'ix_outbox_unpublished'"
-    return str(conn.execute(text(query)).scalar_one())
+        query = "SELECT sql FROM sqlite_master WHERE name = :name"
+    return str(conn.execute(text(query), {"name": name}).scalar_one())
+
+
+def index_names(engine: Engine, schema: str | None = None) -> list[str]:
+    """The names of the outbox table's indexes in the database, sorted."""
+    return sorted(str(ix["name"]) for ix in inspect(engine).get_indexes("outbox", schema=schema))
+
+
+def compare(conn: sa.Connection, target: MetaData, **opts: Any) -> list[Any]:
+    """``compare_metadata`` with the strictest options: what `alembic check` would report."""
+    ctx = MigrationContext.configure(conn, opts={**COMPARE_OPTS, **opts})
+    return list(compare_metadata(ctx, target))
+
+
+def version_metadata(version: int) -> MetaData:
+    """A ``MetaData`` holding only outbox table ``version`` (as the versions module defines it)."""
+    metadata = MetaData()
+    build_table(version, metadata)
+    return metadata
+
+
+def offline_sql(dialect: str, run: Any) -> str:
+    """What ``run(op)`` prints in offline (--sql) mode for ``dialect``, touching no database."""
+    buffer = io.StringIO()
+    ctx = MigrationContext.configure(
+        dialect_name=dialect, opts={"as_sql": True, "output_buffer": buffer}
+    )
+    run(Operations(ctx))
+    return buffer.getvalue()
 
 
 # --- operations against real databases -------------------------------------------------------
 
 
 def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -> None:
-    """On PostgreSQL, op.create_outbox_table() builds exactly the model: autogenerate (types and
-    server defaults compared) finds nothing to change, the index is partial on
-    (staged_at, id) WHERE published_at IS NULL, fillfactor is 50; op.drop_outbox_table() then
-    leaves neither table nor index behind."""
+    """On PostgreSQL, op.create_outbox_table(version=3) builds exactly the model: autogenerate
+    (types and server defaults compared) finds nothing to change, the indexes are partial,
+    fillfactor is 50, the comment records version 3; op.drop_outbox_table(version=3) then leaves
+    neither table nor index behind."""
     with pg_empty.begin() as conn:
-        operations(conn).create_outbox_table()
+        operations(conn).create_outbox_table(version=3)
 
+    assert index_names(pg_empty) == V3_INDEXES
     with pg_empty.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts=COMPARE_OPTS)
-        assert compare_metadata(ctx, outbox.metadata) == []
+        assert compare(conn, outbox.metadata) == []
         indexdef = index_sql(conn)
         assert "(staged_at, id)" in indexdef
         assert f"WHERE ({INDEX_WHERE})" in indexdef
@@ -144,9 +191,12 @@ def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -
             text("SELECT reloptions FROM pg_class WHERE relname = 'outbox'")
         ).scalar_one()
         assert reloptions == ["fillfactor=50"]
+        assert inspect(conn).get_table_comment("outbox")["text"] == "sqla-outbox schema 3"
+        published = index_sql(conn, "ix_outbox_published")
+        assert "(published_at) WHERE (published_at IS NOT NULL)" in published
 
     with pg_empty.begin() as conn:
-        operations(conn).drop_outbox_table()
+        operations(conn).drop_outbox_table(version=3)
 
     inspector = inspect(pg_empty)
     assert inspector.get_table_names() == []
@@ -158,18 +208,21 @@ def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -
 
 
 def test_create_outbox_table_on_sqlite_matches_the_model(sqlite_empty: Engine) -> None:
-    """On SQLite, op.create_outbox_table() builds exactly the model (no autogenerate diffs, partial
-    index with its WHERE clause), and op.drop_outbox_table() removes table and index."""
+    """On SQLite, op.create_outbox_table(version=3) builds exactly the model (no autogenerate
+    diffs, partial indexes with their WHERE clauses), and op.drop_outbox_table(version=3) removes
+    table and indexes."""
     with sqlite_empty.begin() as conn:
-        operations(conn).create_outbox_table()
+        operations(conn).create_outbox_table(version=3)
 
+    assert index_names(sqlite_empty) == V3_INDEXES
     with sqlite_empty.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts=COMPARE_OPTS)
-        assert compare_metadata(ctx, outbox.metadata) == []
+        assert compare(conn, outbox.metadata) == []
         assert f"WHERE {INDEX_WHERE}" in index_sql(conn)
+        assert "WHERE parked" in index_sql(conn, "ix_outbox_parked_key")
+        assert "WHERE published_at IS NOT NULL" in index_sql(conn, "ix_outbox_published")
 
     with sqlite_empty.begin() as conn:
-        operations(conn).drop_outbox_table()
+        operations(conn).drop_outbox_table(version=3)
 
     inspector = inspect(sqlite_empty)
     assert inspector.get_table_names() == []
@@ -178,51 +231,352 @@ def test_create_outbox_table_on_sqlite_matches_the_model(sqlite_empty: Engine) -
     assert leftover == []
 
 
+def test_bare_create_outbox_table_is_version_1_forever(empty_engine: Engine) -> None:
+    """A bare op.create_outbox_table(), as every migration written before table versions calls
+    it, creates version 1 exactly (sixteen columns, ix_outbox_unpublished, no comment), whatever
+    version this sqla-outbox uses: compared against version 1 autogenerate finds nothing, and the
+    database reads as version 1. A bare op.drop_outbox_table() drops it again."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table()
+
+    assert index_names(empty_engine) == V1_INDEXES
+    columns = [column["name"] for column in inspect(empty_engine).get_columns("outbox")]
+    assert columns == [column.name for column in build_table(1, MetaData()).columns]
+    assert len(columns) == 16
+    assert not set(V2_COLUMNS) & set(columns)
+    with empty_engine.connect() as conn:
+        assert compare(conn, version_metadata(1)) == []
+        assert table_version(conn, outbox.OutboxRow.__table__) == 1  # type: ignore[arg-type]
+        if conn.dialect.name == "postgresql":
+            assert inspect(conn).get_table_comment("outbox")["text"] is None
+
+    with empty_engine.begin() as conn:
+        operations(conn).drop_outbox_table()
+    assert inspect(empty_engine).get_table_names() == []
+
+
 def test_create_outbox_table_in_a_schema(pg_empty: Engine) -> None:
-    """op.create_outbox_table(schema="jobs") puts the table and its index in that schema and
-    nowhere else; a target metadata with the outbox moved to "jobs" then compares clean, and
-    op.drop_outbox_table(schema="jobs") removes it again."""
+    """op.create_outbox_table(version=3, schema="jobs") puts the table and its indexes in that
+    schema and nowhere else; a target metadata with the outbox moved to "jobs" then compares
+    clean, and op.drop_outbox_table(version=3, schema="jobs") removes it again."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
-        operations(conn).create_outbox_table(schema="jobs")
+        operations(conn).create_outbox_table(version=3, schema="jobs")
 
     inspector = inspect(pg_empty)
     assert inspector.get_table_names(schema="jobs") == ["outbox"]
     assert inspector.get_table_names() == []
-    assert [ix["name"] for ix in inspector.get_indexes("outbox", schema="jobs")] == [
-        "ix_outbox_unpublished"
-    ]
+    assert index_names(pg_empty, schema="jobs") == V3_INDEXES
     with pg_empty.connect() as conn:
         schemas = conn.execute(
-            text("SELECT schemaname FROM pg_indexes WHERE indexname = 'ix_outbox_unpublished'")
+            text("SELECT DISTINCT schemaname FROM pg_indexes WHERE indexname LIKE 'ix_outbox%'")
         ).scalars()
         assert list(schemas) == ["jobs"]
 
         jobs_metadata = MetaData()
         outbox.metadata.tables["outbox"].to_metadata(jobs_metadata, schema="jobs")
-        ctx = MigrationContext.configure(conn, opts={**COMPARE_OPTS, "include_schemas": True})
-        assert compare_metadata(ctx, jobs_metadata) == []
+        assert compare(conn, jobs_metadata, include_schemas=True) == []
 
     with pg_empty.begin() as conn:
-        operations(conn).drop_outbox_table(schema="jobs")
+        operations(conn).drop_outbox_table(version=3, schema="jobs")
     assert inspect(pg_empty).get_table_names(schema="jobs") == []
+
+
+# --- moving a table between versions ---------------------------------------------------------
+
+ROW_IDS = [uuid.UUID(int=n) for n in (1, 2, 3)]
+
+V1_ROWS_SQL = """
+INSERT INTO outbox (id, job, queue, input, idempotency_key, max_attempts, run_at, staged_at,
+                    tenant_id, traceparent, enqueued_by, claimed_by, claimed_at, published_at,
+                    attempts, last_error)
+VALUES (:id, :job, :queue, :input, :key, :max_attempts, :run_at, :staged_at, :tenant, NULL,
+        'checkout', :claimed_by, :claimed_at, :published_at, :attempts, :last_error)
+"""
+
+
+def insert_v1_rows(conn: sa.Connection) -> None:
+    """Three rows written with raw SQL, as a version-1 table holds them: one published, one
+    claimed after a failed publish, one untouched (on the default queue)."""
+    pg = conn.dialect.name == "postgresql"
+
+    def uid(value: uuid.UUID) -> str:
+        return str(value) if pg else value.hex  # native uuid / SQLAlchemy's 32-char hex
+
+    def when(minute: int | None) -> str | None:
+        if minute is None:
+            return None
+        return f"2026-03-01 12:{minute:02d}:00" + ("+00" if pg else ".000000")
+
+    # (job, queue, tenant, claimed at minute, published at minute, failed publishes)
+    rows = [
+        ("send_receipt", "mail", "acme", None, 5, 0),
+        ("charge", "billing", None, 6, None, 1),
+        ("ship", "default", None, None, None, 0),
+    ]
+    for row_id, (job, queue, tenant, claimed, published, failed) in zip(ROW_IDS, rows, strict=True):
+        conn.execute(
+            text(V1_ROWS_SQL),
+            {
+                "id": uid(row_id),
+                "job": job,
+                "queue": queue,
+                "input": json.dumps({"order": row_id.int, "tags": ["a", "b"]}),
+                "key": f"key-{row_id.int}",
+                "max_attempts": 3 + row_id.int,
+                "run_at": when(row_id.int),
+                "staged_at": when(row_id.int),
+                "tenant": tenant,
+                "claimed_by": None if claimed is None else "relay-1:claim",
+                "claimed_at": when(claimed),
+                "published_at": when(published),
+                "attempts": failed,
+                "last_error": "broker said no" if failed else None,
+            },
+        )
+
+
+def v1_values(conn: sa.Connection) -> list[tuple[Any, ...]]:
+    """Every row's version-1 columns, read through the version-1 table (typed), by id."""
+    table = build_table(1, MetaData())
+    return [tuple(row) for row in conn.execute(sa.select(table).order_by(table.c.id))]
+
+
+def test_upgrade_keeps_every_row_up_down_and_up_again(empty_engine: Engine) -> None:
+    """A version-1 table made by op.create_outbox_table() with rows in it goes 1 -> 2 -> 1 -> 2
+    through op.upgrade_outbox_table: no row is lost and every version-1 value is intact at each
+    step; the new columns read NULL/false on old rows; after each move autogenerate against the
+    version moved to finds nothing; a row enqueued at version 2 survives the downgrade too,
+    minus what only version 2 holds."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table()
+        insert_v1_rows(conn)
+    with empty_engine.connect() as conn:
+        before = v1_values(conn)
+    assert [row[0] for row in before] == ROW_IDS
+    assert before[0][3] == {"order": 1, "tags": ["a", "b"]}
+    assert before[2][2] == "default"
+
+    def move(from_version: int, to_version: int) -> None:
+        with empty_engine.begin() as conn:
+            operations(conn).upgrade_outbox_table(from_version, to_version)
+        expected = version_metadata(to_version)
+        with empty_engine.connect() as conn:
+            assert table_version(conn, expected.tables["outbox"]) == to_version
+            assert compare(conn, expected) == []
+            assert v1_values(conn)[: len(before)] == before
+
+    move(1, 2)
+    with empty_engine.connect() as conn:
+        table = outbox.OutboxRow.__table__
+        new = conn.execute(sa.select(*(table.c[name] for name in V2_COLUMNS))).all()
+    assert new == [(None, None, None, False)] * 3
+    assert index_names(empty_engine) == V2_INDEXES
+
+    with Session(empty_engine) as session:
+        outbox.enqueue(session, "late", {"n": 4}, ordering_key="customer-4")
+        session.commit()
+
+    move(2, 1)
+    assert index_names(empty_engine) == V1_INDEXES
+    with empty_engine.connect() as conn:
+        assert len(v1_values(conn)) == 4
+
+    move(1, 2)
+    with empty_engine.connect() as conn:
+        late = conn.execute(
+            sa.select(table.c.job, table.c.ordering_key, table.c.parked).where(
+                table.c.job == "late"
+            )
+        ).one()
+    assert tuple(late) == ("late", None, False)  # ordering_key went with the downgrade
+
+
+def all_values(conn: sa.Connection) -> list[tuple[Any, ...]]:
+    """Every row's values in every column of version 2 (= version 3's columns), by id."""
+    table = build_table(2, MetaData())
+    return [tuple(row) for row in conn.execute(sa.select(table).order_by(table.c.id))]
+
+
+def test_upgrade_2_to_3_keeps_every_row_up_down_and_up_again(empty_engine: Engine) -> None:
+    """A version-2 table with rows in it (unpublished, published, a dead letter, an ordering
+    key) goes 2 -> 3 -> 2 -> 3: every value of every row is intact at each step (version 3 adds
+    no column), the index ix_outbox_published comes and goes, and after each move autogenerate
+    against that version finds nothing (against outbox.metadata after each upgrade)."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table(version=2)
+        insert_v1_rows(conn)
+        conn.execute(
+            text("UPDATE outbox SET ordering_key = 'customer-1' WHERE job = 'send_receipt'")
+        )
+        conn.execute(
+            sa.update(build_table(2, MetaData()))
+            .where(sa.column("job") == "charge")
+            .values(dead_at=sa.func.current_timestamp(), attempts=3)
+        )
+    with empty_engine.connect() as conn:
+        before = all_values(conn)
+    assert len(before) == 3
+
+    def move(from_version: int, to_version: int) -> None:
+        with empty_engine.begin() as conn:
+            operations(conn).upgrade_outbox_table(from_version, to_version)
+        with empty_engine.connect() as conn:
+            assert table_version(conn, outbox.OutboxRow.__table__) == to_version  # type: ignore[arg-type]
+            assert compare(conn, version_metadata(to_version)) == []
+            assert all_values(conn) == before
+
+    move(2, 3)
+    assert index_names(empty_engine) == V3_INDEXES
+    with empty_engine.connect() as conn:
+        assert compare(conn, outbox.metadata) == []
+    move(3, 2)
+    assert index_names(empty_engine) == V2_INDEXES
+    move(2, 3)
+    with empty_engine.connect() as conn:
+        assert compare(conn, outbox.metadata) == []
+
+
+def test_upgrade_1_to_3_makes_both_steps(empty_engine: Engine) -> None:
+    """op.upgrade_outbox_table(1, 3) is the two steps in one operation: the version-1 rows keep
+    their values, the table then compares clean against outbox.metadata; (3, 1) goes back to a
+    table that compares clean against version 1, rows still there."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table()
+        insert_v1_rows(conn)
+    with empty_engine.connect() as conn:
+        before = v1_values(conn)
+
+    with empty_engine.begin() as conn:
+        operations(conn).upgrade_outbox_table(1, 3)
+    assert index_names(empty_engine) == V3_INDEXES
+    with empty_engine.connect() as conn:
+        assert compare(conn, outbox.metadata) == []
+        assert v1_values(conn) == before
+
+    with empty_engine.begin() as conn:
+        operations(conn).upgrade_outbox_table(3, 1)
+    assert index_names(empty_engine) == V1_INDEXES
+    with empty_engine.connect() as conn:
+        assert compare(conn, version_metadata(1)) == []
+        assert v1_values(conn) == before
+
+
+def test_upgrade_keeps_an_index_built_concurrently_beforehand(pg_empty: Engine) -> None:
+    """On PostgreSQL, the index of version 3 built by hand with CREATE INDEX CONCURRENTLY (no
+    write lock, as alembic_ext.ops advises for a large outbox) is kept by the upgrade, which only
+    records the version: the table then compares clean against outbox.metadata."""
+    with pg_empty.begin() as conn:
+        operations(conn).create_outbox_table(version=2)
+    with pg_empty.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text(
+                "CREATE INDEX CONCURRENTLY ix_outbox_published ON outbox (published_at) "
+                "WHERE published_at IS NOT NULL"
+            )
+        )
+    with pg_empty.begin() as conn:
+        operations(conn).upgrade_outbox_table(2, 3)
+    with pg_empty.connect() as conn:
+        assert compare(conn, outbox.metadata) == []
+        assert inspect(conn).get_table_comment("outbox")["text"] == "sqla-outbox schema 3"
+
+
+def test_upgrade_on_postgresql_keeps_the_trigger_and_fillfactor(pg_empty: Engine) -> None:
+    """On PostgreSQL the upgrade and its reverse leave what version 1 already had alone: the
+    notification trigger still fires on insert and fillfactor stays 50; the comment records
+    version 2, then none again."""
+    with pg_empty.begin() as conn:
+        operations(conn).create_outbox_table()
+        operations(conn).upgrade_outbox_table(1, 2)
+    with pg_empty.connect() as conn:
+        assert inspect(conn).get_table_comment("outbox")["text"] == "sqla-outbox schema 2"
+        triggers = conn.execute(
+            text("SELECT tgname FROM pg_trigger WHERE tgrelid = 'outbox'::regclass")
+        ).scalars()
+        assert list(triggers) == ["outbox_notify"]
+        reloptions = conn.execute(
+            text("SELECT reloptions FROM pg_class WHERE relname = 'outbox'")
+        ).scalar_one()
+        assert reloptions == ["fillfactor=50"]
+    with pg_empty.begin() as conn:
+        operations(conn).upgrade_outbox_table(2, 1)
+    with pg_empty.connect() as conn:
+        assert inspect(conn).get_table_comment("outbox")["text"] is None
+        assert (
+            conn.execute(
+                text("SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_notify'")
+            ).scalar_one()
+            == 1
+        )
+
+
+def test_upgrade_in_a_schema(pg_empty: Engine) -> None:
+    """op.upgrade_outbox_table(1, 3, schema="jobs") moves the table in that schema, both steps:
+    it then compares clean against the outbox moved to "jobs"."""
+    with pg_empty.begin() as conn:
+        conn.execute(text("CREATE SCHEMA jobs"))
+        operations(conn).create_outbox_table(schema="jobs")
+        operations(conn).upgrade_outbox_table(1, 3, schema="jobs")
+    assert index_names(pg_empty, schema="jobs") == V3_INDEXES
+    jobs_metadata = MetaData()
+    outbox.metadata.tables["outbox"].to_metadata(jobs_metadata, schema="jobs")
+    with pg_empty.connect() as conn:
+        assert compare(conn, jobs_metadata, include_schemas=True) == []
 
 
 # --- operation objects and offline mode --------------------------------------------------------
 
 
 def test_reverse_of_each_op_is_the_other() -> None:
-    """create.reverse() is a drop and drop.reverse() a create, schema preserved, so autogenerate
-    writes the downgrade of either without help."""
-    create = CreateOutboxTableOp(schema="jobs")
+    """create.reverse() is a drop and drop.reverse() a create, version and schema preserved, so
+    autogenerate writes the downgrade of either without help; bare, both mean version 1."""
+    create = CreateOutboxTableOp(version=2, schema="jobs")
     drop = create.reverse()
     assert isinstance(drop, DropOutboxTableOp)
-    assert drop.schema == "jobs"
+    assert (drop.version, drop.schema) == (2, "jobs")
     again = drop.reverse()
     assert isinstance(again, CreateOutboxTableOp)
-    assert again.schema == "jobs"
+    assert (again.version, again.schema) == (2, "jobs")
     assert isinstance(DropOutboxTableOp().reverse(), CreateOutboxTableOp)
     assert CreateOutboxTableOp().reverse().schema is None
+    assert CreateOutboxTableOp().version == 1
+    assert DropOutboxTableOp().version == 1
+
+
+def test_reverse_of_an_upgrade_is_the_move_back() -> None:
+    """upgrade_outbox_table(1, 2).reverse() is upgrade_outbox_table(2, 1) in the same schema,
+    and reversing that gives the upgrade back; each is one step."""
+    up = UpgradeOutboxTableOp(1, 2, schema="jobs")
+    down = up.reverse()
+    assert (down.from_version, down.to_version, down.schema) == (2, 1, "jobs")
+    back = down.reverse()
+    assert (back.from_version, back.to_version, back.schema) == (1, 2, "jobs")
+    assert up.steps() == [(1, 2)]
+    assert down.steps() == [(2, 1)]
+    assert UpgradeOutboxTableOp(1, 3).steps() == [(1, 2), (2, 3)]
+    assert UpgradeOutboxTableOp(3, 1).steps() == [(3, 2), (2, 1)]
+    assert UpgradeOutboxTableOp(2, 3).reverse().steps() == [(3, 2)]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: CreateOutboxTableOp(version=4), r"version must be an outbox table version"),
+        (lambda: DropOutboxTableOp(version=0), r"version must be an outbox table version"),
+        (lambda: CreateOutboxTableOp(version=True), r"got True"),
+        (lambda: UpgradeOutboxTableOp(1, 9), r"to_version must be .* got 9"),
+        (lambda: UpgradeOutboxTableOp(cast(int, "1"), 2), r"from_version must be .* got '1'"),
+        (lambda: UpgradeOutboxTableOp(2, 2), r"changes nothing"),
+    ],
+)
+def test_ops_refuse_unknown_versions(call: Any, message: str) -> None:
+    """An unknown version (or a move from a version to itself) is refused when the migration
+    calls the operation, with ConfigurationError (an OutboxError and a ValueError) saying which
+    versions exist."""
+    with pytest.raises(outbox.ConfigurationError, match=message) as caught:
+        call()
+    assert isinstance(caught.value, ValueError)
 
 
 @pytest.mark.parametrize(
@@ -230,21 +584,22 @@ def test_reverse_of_each_op_is_the_other() -> None:
     [("postgresql", f"WHERE {INDEX_WHERE}"), ("sqlite", f"WHERE {INDEX_WHERE}")],
 )
 def test_offline_sql_mode_emits_the_ddl(dialect: str, where: str) -> None:
-    """In offline (--sql) mode the operations print CREATE TABLE outbox and the partial
-    CREATE INDEX ix_outbox_unpublished (and DROP INDEX/DROP TABLE), touching no database."""
-    buffer = io.StringIO()
-    ctx = MigrationContext.configure(
-        dialect_name=dialect, opts={"as_sql": True, "output_buffer": buffer}
-    )
-    op: Any = Operations(ctx)
-    op.create_outbox_table()
-    op.drop_outbox_table()
-    sql = buffer.getvalue()
+    """In offline (--sql) mode a bare create prints version 1's CREATE TABLE outbox and its one
+    partial CREATE INDEX ix_outbox_unpublished (and DROP INDEX/DROP TABLE), touching no
+    database."""
+
+    def run(op: Any) -> None:
+        op.create_outbox_table()
+        op.drop_outbox_table()
+
+    sql = offline_sql(dialect, run)
 
     assert "CREATE TABLE outbox (" in sql
     assert "CONSTRAINT pk_outbox PRIMARY KEY (id)" in sql
     assert f"CREATE INDEX ix_outbox_unpublished ON outbox (staged_at, id) {where}" in sql
     assert sql.count("CREATE INDEX") == 1  # impl.create_table already emits the table's indexes
+    assert "ordering_key" not in sql
+    assert "COMMENT ON" not in sql
     assert "DROP INDEX ix_outbox_unpublished" in sql
     assert "DROP TABLE outbox" in sql
     assert sql.index("CREATE TABLE outbox") < sql.index("CREATE INDEX ix_outbox_unpublished")
@@ -253,17 +608,96 @@ def test_offline_sql_mode_emits_the_ddl(dialect: str, where: str) -> None:
         assert "SET (fillfactor = 50)" in sql
 
 
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_offline_sql_mode_creates_version_2(dialect: str) -> None:
+    """Offline, create_outbox_table(version=2) prints the table with version 2's columns, each of
+    its six indexes once, and (PostgreSQL) the comment recording the version."""
+    sql = offline_sql(dialect, lambda op: op.create_outbox_table(version=2))
+    assert "parked BOOLEAN DEFAULT" in sql
+    assert sql.count("CREATE INDEX") == 6
+    assert "CREATE INDEX ix_outbox_parked_key ON outbox (ordering_key) WHERE parked" in sql
+    if dialect == "postgresql":
+        assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 2'" in sql
+    else:
+        assert "COMMENT" not in sql
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_offline_sql_mode_emits_the_upgrade_and_its_reverse(dialect: str) -> None:
+    """Offline, upgrade_outbox_table(1, 2) prints one ALTER TABLE ... ADD COLUMN per new column
+    (parked with its default, NOT NULL), the new partial indexes (IF NOT EXISTS, so one built
+    beforehand is kept) and (PostgreSQL) the comment; upgrade_outbox_table(2, 1) drops the
+    indexes before the columns and clears the comment."""
+
+    def run(op: Any) -> None:
+        op.upgrade_outbox_table(1, 2)
+        op.upgrade_outbox_table(2, 1)
+
+    sql = offline_sql(dialect, run)
+    default = "false" if dialect == "postgresql" else "0"
+    assert "ALTER TABLE outbox ADD COLUMN ordering_key VARCHAR(255)" in sql
+    assert "ALTER TABLE outbox ADD COLUMN retry_at" in sql
+    assert "ALTER TABLE outbox ADD COLUMN dead_at" in sql
+    assert f"ALTER TABLE outbox ADD COLUMN parked BOOLEAN DEFAULT {default} NOT NULL" in sql
+    assert (
+        "CREATE INDEX IF NOT EXISTS ix_outbox_claimable ON outbox (staged_at, id) "
+        "WHERE published_at IS NULL AND dead_at IS NULL AND NOT parked"
+    ) in sql
+    assert sql.count("CREATE INDEX") == 5
+    assert "CREATE TABLE" not in sql
+    for column in V2_COLUMNS:
+        assert f"ALTER TABLE outbox DROP COLUMN {column}" in sql
+    assert sql.count("DROP INDEX") == 5
+    assert sql.rindex("DROP INDEX") < sql.index("DROP COLUMN")
+    if dialect == "postgresql":
+        assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 2'" in sql
+        assert "COMMENT ON TABLE outbox IS NULL" in sql
+    else:
+        assert "COMMENT" not in sql
+
+
 def test_offline_sql_mode_in_a_schema() -> None:
-    """Offline, schema="jobs" qualifies the table and the index's table."""
-    buffer = io.StringIO()
-    ctx = MigrationContext.configure(
-        dialect_name="postgresql", opts={"as_sql": True, "output_buffer": buffer}
-    )
-    op: Any = Operations(ctx)
-    op.create_outbox_table(schema="jobs")
-    sql = buffer.getvalue()
+    """Offline, schema="jobs" qualifies the table and the index's table, for a create and for an
+    upgrade."""
+
+    def run(op: Any) -> None:
+        op.create_outbox_table(schema="jobs")
+        op.upgrade_outbox_table(1, 2, schema="jobs")
+
+    sql = offline_sql("postgresql", run)
     assert "CREATE TABLE jobs.outbox (" in sql
     assert "CREATE INDEX ix_outbox_unpublished ON jobs.outbox (staged_at, id)" in sql
+    assert "ALTER TABLE jobs.outbox ADD COLUMN parked" in sql
+    assert "CREATE INDEX IF NOT EXISTS ix_outbox_parked_key ON jobs.outbox (ordering_key)" in sql
+    assert "COMMENT ON TABLE jobs.outbox IS 'sqla-outbox schema 2'" in sql
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_offline_sql_mode_creates_and_moves_version_3(dialect: str) -> None:
+    """Offline, create_outbox_table(version=3) prints version 2's table plus the partial index
+    over the published rows (seven indexes); upgrade_outbox_table(2, 3) prints only that index
+    (IF NOT EXISTS) and the comment, no ALTER TABLE; upgrade_outbox_table(3, 2) drops it and
+    restores version 2's comment."""
+    index = "ix_outbox_published ON outbox (published_at) WHERE published_at IS NOT NULL"
+    created = offline_sql(dialect, lambda op: op.create_outbox_table(version=3))
+    assert f"CREATE INDEX {index}" in created
+    assert created.count("CREATE INDEX") == 7
+
+    def move(op: Any) -> None:
+        op.upgrade_outbox_table(2, 3)
+        op.upgrade_outbox_table(3, 2)
+
+    moved = offline_sql(dialect, move)
+    assert f"CREATE INDEX IF NOT EXISTS {index}" in moved
+    assert moved.count("CREATE INDEX") == 1
+    assert "DROP INDEX ix_outbox_published" in moved
+    assert moved.count("DROP INDEX") == 1
+    assert "ALTER TABLE" not in moved
+    if dialect == "postgresql":
+        assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 3'" in created
+        assert moved.index("schema 3'") < moved.index("DROP INDEX") < moved.index("schema 2'")
+    else:
+        assert "COMMENT" not in created + moved
 
 
 # --- autogenerate --------------------------------------------------------------------------------
@@ -271,26 +705,28 @@ def test_offline_sql_mode_in_a_schema() -> None:
 
 def test_autogenerate_writes_create_outbox_table(empty_engine: Engine) -> None:
     """With target metadata [app_metadata, outbox.metadata] on an empty database, autogenerate
-    renders the business table as op.create_table but the outbox as op.create_outbox_table()
-    (no raw create_table('outbox') nor its create_index), with op.drop_outbox_table() in the
-    downgrade; once both tables exist it produces no operations at all."""
+    renders the business table as op.create_table but the outbox as
+    op.create_outbox_table(version=3), the version written out (no raw create_table('outbox')
+    nor its create_index), with op.drop_outbox_table(version=3) in the downgrade; once both
+    tables exist it produces no operations at all."""
     app_metadata = make_app_metadata()
     target = [app_metadata, outbox.metadata]
 
     with empty_engine.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, target))
 
-    assert "op.create_outbox_table()" in upgrade
+    assert "op.create_outbox_table(version=3)" in upgrade
     assert "create_table('outbox'" not in upgrade
     assert "create_index" not in upgrade
+    assert "comment" not in upgrade
     assert "op.create_table('orders'" in upgrade
-    assert "op.drop_outbox_table()" in downgrade
+    assert "op.drop_outbox_table(version=3)" in downgrade
     assert "drop_table('outbox'" not in downgrade
     assert "op.drop_table('orders')" in downgrade
 
     with empty_engine.begin() as conn:
         app_metadata.create_all(conn)
-        operations(conn).create_outbox_table()
+        operations(conn).create_outbox_table(version=3)
 
     with empty_engine.connect() as conn:
         script = autogenerate(conn, target)
@@ -298,21 +734,91 @@ def test_autogenerate_writes_create_outbox_table(empty_engine: Engine) -> None:
     assert script.upgrade_ops.is_empty()
 
 
+@pytest.mark.parametrize("found", [1, 2])
+def test_autogenerate_writes_upgrade_outbox_table_for_an_old_table(
+    empty_engine: Engine, found: int
+) -> None:
+    """On a database whose outbox is version 1 or 2, autogenerate against outbox.metadata writes
+    the one op.upgrade_outbox_table(found, 3) (downgrade: op.upgrade_outbox_table(3, found))
+    instead of Alembic's add_column/create_index/create_table_comment; after running it,
+    nothing. On SQLite, which keeps no comments, version 2 is told from 3 by its indexes."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table(version=found)
+
+    with empty_engine.connect() as conn:
+        upgrade, downgrade = rendered(autogenerate(conn, outbox.metadata))
+    assert f"op.upgrade_outbox_table({found}, 3)" in upgrade
+    assert f"op.upgrade_outbox_table(3, {found})" in downgrade
+    for written in (upgrade, downgrade):
+        assert "add_column" not in written
+        assert "drop_column" not in written
+        assert "index" not in written
+        assert "comment" not in written
+        assert "batch_alter_table" not in written
+
+    with empty_engine.begin() as conn:
+        operations(conn).upgrade_outbox_table(found, 3)
+    with empty_engine.connect() as conn:
+        script = autogenerate(conn, outbox.metadata)
+    assert script.upgrade_ops is not None
+    assert script.upgrade_ops.is_empty()
+
+
+def test_autogenerate_keeps_other_changes_to_an_old_outbox(pg_empty: Engine) -> None:
+    """A column an operator added to a version-1 outbox is not part of the move: autogenerate
+    writes op.upgrade_outbox_table(1, 3) and, after it, Alembic's own drop_column for that
+    column."""
+    with pg_empty.begin() as conn:
+        operations(conn).create_outbox_table()
+        conn.execute(text("ALTER TABLE outbox ADD COLUMN note TEXT"))
+
+    with pg_empty.connect() as conn:
+        upgrade, _ = rendered(autogenerate(conn, outbox.metadata))
+    assert "op.upgrade_outbox_table(1, 3)" in upgrade
+    assert "op.drop_column('outbox', 'note')" in upgrade
+    assert upgrade.index("upgrade_outbox_table") < upgrade.index("drop_column")
+    assert "ordering_key" not in upgrade
+
+
 def test_compare_metadata_reports_the_missing_outbox_as_one_added_table(pg_empty: Engine) -> None:
     """compare_metadata (the diff-tuple API, also behind `alembic check`) still works after the
     rewrite: a missing outbox is reported as a single ("add_table", <outbox Table>) diff."""
     with pg_empty.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts=COMPARE_OPTS)
-        diffs = compare_metadata(ctx, outbox.metadata)
+        diffs = compare(conn, outbox.metadata)
     assert len(diffs) == 1
     kind, table = diffs[0]
     assert kind == "add_table"
     assert table.name == "outbox"
+    assert table.comment == "sqla-outbox schema 3"
+
+
+def test_compare_metadata_reports_an_old_outbox(empty_engine: Engine) -> None:
+    """compare_metadata on a version-1 table reports the move as the list of diffs it stands for
+    (one add_column per new column, one add_index per new index, over both steps), so `alembic
+    check` fails; on a version-2 table, the one new index."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table()
+    with empty_engine.connect() as conn:
+        [diffs] = compare(conn, outbox.metadata)
+    kinds = [diff[0] for diff in diffs]
+    assert kinds.count("add_column") == 4
+    assert kinds.count("add_index") == 6
+    assert [diff[3].name for diff in diffs if diff[0] == "add_column"] == V2_COLUMNS
+
+    with empty_engine.begin() as conn:
+        operations(conn).upgrade_outbox_table(1, 2)
+    with empty_engine.connect() as conn:
+        [diffs] = compare(conn, outbox.metadata)
+    added = [diff[1].name for diff in diffs if diff[0] == "add_index"]
+    assert added == ["ix_outbox_published"]
+    assert "add_column" not in [diff[0] for diff in diffs]
 
 
 def test_autogenerate_in_a_schema_renders_the_schema(pg_empty: Engine) -> None:
     """An outbox moved to schema "jobs" in the target metadata autogenerates as
-    op.create_outbox_table(schema='jobs'); schema= is rendered only when there is one."""
+    op.create_outbox_table(version=3, schema='jobs') on an empty schema and as
+    op.upgrade_outbox_table(1, 3, schema='jobs') over a version-1 table there; schema= is
+    rendered only when there is one."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
     jobs_metadata = MetaData()
@@ -320,23 +826,34 @@ def test_autogenerate_in_a_schema_renders_the_schema(pg_empty: Engine) -> None:
 
     with pg_empty.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, jobs_metadata, include_schemas=True))
-    assert "op.create_outbox_table(schema='jobs')" in upgrade
-    assert "op.drop_outbox_table(schema='jobs')" in downgrade
+    assert "op.create_outbox_table(version=3, schema='jobs')" in upgrade
+    assert "op.drop_outbox_table(version=3, schema='jobs')" in downgrade
+
+    with pg_empty.begin() as conn:
+        operations(conn).create_outbox_table(schema="jobs")
+    with pg_empty.connect() as conn:
+        upgrade, downgrade = rendered(autogenerate(conn, jobs_metadata, include_schemas=True))
+    assert "op.upgrade_outbox_table(1, 3, schema='jobs')" in upgrade
+    assert "op.upgrade_outbox_table(3, 1, schema='jobs')" in downgrade
 
 
-def test_autogenerate_writes_drop_outbox_table_when_removed(empty_engine: Engine) -> None:
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_autogenerate_writes_drop_outbox_table_when_removed(
+    empty_engine: Engine, version: int
+) -> None:
     """An outbox table in the database but no longer in the target metadata autogenerates as
-    op.drop_outbox_table() (no separate drop_index), and its downgrade as
-    op.create_outbox_table(), not a reflected copy of the columns."""
+    op.drop_outbox_table(version=N), N being the database table's version (no separate
+    drop_index), and its downgrade as op.create_outbox_table(version=N), not a reflected copy of
+    the columns."""
     with empty_engine.begin() as conn:
-        operations(conn).create_outbox_table()
+        operations(conn).create_outbox_table(version=version)
 
     with empty_engine.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, make_app_metadata()))
-    assert "op.drop_outbox_table()" in upgrade
+    assert f"op.drop_outbox_table(version={version})" in upgrade
     assert "drop_index" not in upgrade
     assert "drop_table('outbox'" not in upgrade
-    assert "op.create_outbox_table()" in downgrade
+    assert f"op.create_outbox_table(version={version})" in downgrade
     assert "create_table('outbox'" not in downgrade
 
 
@@ -346,6 +863,9 @@ def test_autogenerate_leaves_an_unrelated_outbox_table_alone(empty_engine: Engin
     app_metadata = MetaData()
     Table("outbox", app_metadata, Column("id", Integer, primary_key=True), Column("body", String))
     assert not alembic_ext.is_outbox_table(app_metadata.tables["outbox"])
+    assert alembic_ext.outbox_version(outbox.metadata.tables["outbox"]) == 3
+    assert alembic_ext.outbox_version(build_table(2, MetaData())) == 2
+    assert alembic_ext.outbox_version(build_table(1, MetaData())) == 1
 
     with empty_engine.connect() as conn:
         upgrade, _ = rendered(autogenerate(conn, app_metadata))
@@ -360,8 +880,9 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
     pg_empty: Engine, pg_url: URL, tmp_path: Path
 ) -> None:
     """`alembic revision --autogenerate` with examples/alembic's env.py (which only imports
-    alembic_ext and lists outbox.metadata) writes a migration calling op.create_outbox_table()
-    that imports alembic_ext itself, next to op.create_table('orders', ...)."""
+    alembic_ext and lists outbox.metadata) writes a migration calling
+    op.create_outbox_table(version=3) that imports alembic_ext itself, next to
+    op.create_table('orders', ...)."""
     cfg = example_config(pg_url)
     cfg.set_main_option("version_locations", str(tmp_path))
     command.revision(cfg, message="initial", autogenerate=True, version_path=str(tmp_path))
@@ -369,8 +890,8 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
     [migration] = tmp_path.glob("*.py")
     source = migration.read_text()
     assert "import alembic_ext" in source
-    assert "op.create_outbox_table()" in source
-    assert "op.drop_outbox_table()" in source
+    assert "op.create_outbox_table(version=3)" in source
+    assert "op.drop_outbox_table(version=3)" in source
     assert "op.create_table('orders'" in source
     assert "create_table('outbox'" not in source
     assert "create_index" not in source
@@ -378,18 +899,35 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
 
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRequest) -> None:
-    """examples/alembic end to end: `upgrade head` creates orders and outbox, `alembic check`
-    then finds nothing to generate, and `downgrade base` removes both tables."""
+    """examples/alembic end to end: `upgrade 0001` creates orders and a version-1 outbox,
+    `upgrade 0002` moves it to version 2, `upgrade head` (0003) to version 3, `alembic check` then
+    finds nothing to generate, and `downgrade base` goes back through versions 2 and 1 and
+    removes both tables."""
     url: URL = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     cfg = example_config(url)
     engine = create_engine(url)
+    table: Table = outbox.OutboxRow.__table__  # type: ignore[assignment]
     try:
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, "0001")
         tables = set(inspect(engine).get_table_names())
         assert {"orders", "outbox"} <= tables
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 1
 
+        command.upgrade(cfg, "0002")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 2
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 3
         command.check(cfg)  # raises AutogenerateDiffsDetected on any pending change
 
+        command.downgrade(cfg, "0002")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 2
+        command.downgrade(cfg, "0001")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 1
         command.downgrade(cfg, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     finally:
@@ -398,7 +936,8 @@ def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRe
 
 def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
     """`alembic upgrade head --sql` through the example env prints the outbox's CREATE TABLE and
-    partial CREATE INDEX without connecting to any database."""
+    partial CREATE INDEX (0001, version 1), then 0002's ALTER TABLE ... ADD COLUMN and new
+    indexes, then 0003's index over the published rows, without connecting to any database."""
     buffer = io.StringIO()
     cfg = Config(str(EXAMPLE_INI), output_buffer=buffer)
     cfg.set_main_option("sqlalchemy.url", "postgresql+psycopg://nobody@invalid.invalid/none")
@@ -408,6 +947,15 @@ def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
     assert "CREATE TABLE orders" in sql
     assert "CREATE TABLE outbox (" in sql
     assert f"CREATE INDEX ix_outbox_unpublished ON outbox (staged_at, id) {INDEX_WHERE_SQL}" in sql
+    assert "ALTER TABLE outbox ADD COLUMN ordering_key VARCHAR(255)" in sql
+    assert "CREATE INDEX IF NOT EXISTS ix_outbox_claimable ON outbox" in sql
+    assert (
+        "CREATE INDEX IF NOT EXISTS ix_outbox_published ON outbox (published_at) "
+        "WHERE published_at IS NOT NULL"
+    ) in sql
+    assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 3'" in sql
+    assert sql.index("CREATE TABLE outbox") < sql.index("ALTER TABLE outbox ADD COLUMN")
+    assert sql.index("ix_outbox_claimable") < sql.index("ix_outbox_published")
 
 
 # --- generated migrations run on their own, in fresh processes -------------------------------
@@ -484,7 +1032,7 @@ def test_generated_migration_runs_under_an_env_without_alembic_ext(
     [migration] = (tmp_path / "generate" / "versions").glob("*.py")
     source = migration.read_text()
     assert "import alembic_ext" in source
-    assert "op.create_outbox_table()" in source
+    assert "op.create_outbox_table(version=3)" in source
 
     upgrade = write_env(tmp_path / "upgrade", pg_url, import_alembic_ext=False)
     (tmp_path / "upgrade" / "versions" / migration.name).write_text(source)
@@ -497,7 +1045,7 @@ def test_generated_migration_runs_under_an_env_without_alembic_ext(
     strict=True,
     reason=(
         "Without alembic_ext loaded, Alembic writes the outbox column by column with "
-        "sqla_outbox.model.UTCDateTime(timezone=True) and imports only sa/postgresql, so the "
+        "sqla_outbox.coltypes.UTCDateTime(timezone=True) and imports only sa/postgresql, so the "
         "migration fails with NameError: name 'sqla_outbox' is not defined. Alembic renders any "
         "type outside SQLAlchemy as <module>.<repr> with no import (render_item and "
         "user_module_prefix are env.py settings), and an alembic.plugins entry point cannot "

@@ -49,7 +49,10 @@ MESSAGE_KEYS = {
     "tenant_id",
     "traceparent",
     "enqueued_by",
+    "ordering_key",
 }
+SLOW_RETRIES = ("--retry-base", "60", "--retry-max", "60")
+"""Relay flags that keep a failed message backing off for the rest of a test's --once run."""
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -137,24 +140,40 @@ def test_relay_once_prints_each_committed_message_in_order(engine: Engine) -> No
 
 
 def test_relay_once_exits_1_when_a_publish_fails(engine: Engine) -> None:
-    """Under --once a failed publish exits 1 and the log names the message; the messages before
-    it are published, it and the ones after stay pending (order holds), its failure recorded."""
+    """Under --once a failed publish exits 1 and the log names the message. By design (schema
+    2) the run goes on past it: the failed message is charged an attempt (last_error, and a
+    retry_at one --retry-base ahead) and holds back only the later message of its ordering key
+    (order holds there), while the messages before it and a later one of another transaction
+    and no key are published."""
     ok = stage(engine, {"n": 1})
-    bad = stage(engine, {"fail": True})
-    after = stage(engine, {"n": 3})
+    bad = stage(engine, {"fail": True}, ordering_key="order-7")
+    same_key = stage(engine, {"n": 3}, ordering_key="order-7")
+    other = stage(engine, {"n": 4})
+    started = dt.datetime.now(dt.timezone.utc)
 
-    result = run_cli("relay", "--once", url=url_of(engine), publisher=f"{HELPERS}:fail_on_flag")
+    result = run_cli(
+        "relay",
+        "--once",
+        *SLOW_RETRIES,
+        url=url_of(engine),
+        publisher=f"{HELPERS}:fail_on_flag",
+    )
 
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [str(ok[0].id)]
+    printed = [json.loads(line)["id"] for line in result.stdout.splitlines()]
+    assert printed == [str(ok[0].id), str(other[0].id)]
     assert "event=relay.publish_failed" in result.stderr
     assert str(bad[0].id) in result.stderr
-    assert published_ids(engine) == {ok[0].id}
+    assert "failed=True" in result.stderr
+    assert published_ids(engine) == {ok[0].id, other[0].id}
     failed_row = next(row for row in all_rows(engine) if row.id == bad[0].id)
     assert failed_row.attempts == 1
     assert failed_row.claimed_by is None
-    assert after[0].id not in published_ids(engine)
+    assert failed_row.dead_at is None
+    assert "broker rejected" in failed_row.last_error
+    assert failed_row.retry_at >= started + dt.timedelta(seconds=50)
+    assert same_key[0].id not in published_ids(engine)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -164,14 +183,14 @@ def test_relay_once_exits_1_when_a_publish_fails(engine: Engine) -> None:
 @pytest.mark.parametrize("command", ["relay", "status"])
 def test_missing_table_names_the_fix(database_without_table: str, command: str) -> None:
     """Against a database without the outbox table, `relay` and `status` exit 1 with one
-    sentence naming both fixes (a migration with op.create_outbox_table(), alembic upgrade
-    head), and no traceback."""
+    sentence naming both fixes (a migration with op.create_outbox_table(version=N), N being
+    outbox.SCHEMA_VERSION, alembic upgrade head), and no traceback."""
     result = run_cli(command, url=database_without_table, publisher="stdout")
 
     assert result.returncode == 1
     line = assert_one_clean_error(result)
     assert "alembic upgrade head" in line
-    assert "op.create_outbox_table()" in line
+    assert f"op.create_outbox_table(version={outbox.SCHEMA_VERSION})" in line
 
 
 @pytest.mark.parametrize(
@@ -181,6 +200,9 @@ def test_missing_table_names_the_fix(database_without_table: str, command: str) 
         ("--claim-lease", "inf", "positive, finite number of seconds"),
         ("--batch-size", "0", "positive whole number"),
         ("--poll-interval", "-1", "positive, finite number of seconds"),
+        ("--retry-base", "0", "positive, finite number of seconds"),
+        ("--retry-max", "nan", "positive, finite number of seconds"),
+        ("--max-publish-attempts", "0", "whole number of at least 1, or 'never'"),
     ],
 )
 def test_bad_numbers_are_usage_errors_naming_the_flag(
@@ -207,6 +229,116 @@ def test_bad_number_from_the_environment_names_the_variable(sqlite_engine: Engin
     assert result.returncode == 2
     line = assert_one_clean_error(result)
     assert "--claim-lease (from SQLA_OUTBOX_CLAIM_LEASE) must be" in line
+
+
+def test_retry_max_below_retry_base_names_both_flags(sqlite_engine: Engine) -> None:
+    """--retry-max below --retry-base is refused by the Relay's own check, reworded so that
+    every argument it names reads as the flag the operator typed."""
+    result = run_cli(
+        "relay",
+        "--retry-base",
+        "10",
+        "--retry-max",
+        "5",
+        url=url_of(sqlite_engine),
+        publisher="stdout",
+    )
+
+    assert result.returncode == 2
+    line = assert_one_clean_error(result)
+    assert line.startswith("Error: --retry-max must be at least --retry-base, got --retry-max 5")
+    assert "--retry-base 10" in line
+    assert "_" not in line
+
+
+def test_bad_order_names_the_flag_and_both_choices(sqlite_engine: Engine) -> None:
+    """`--order sideways` (here from SQLA_OUTBOX_ORDER) is refused by the Relay's check: one
+    sentence naming the flag and its variable, the value, and both choices; the words
+    "ordering key" in it are left alone."""
+    result = run_cli("relay", url=url_of(sqlite_engine), publisher="stdout", order="sideways")
+
+    assert result.returncode == 2
+    line = assert_one_clean_error(result)
+    assert line.startswith("Error: --order (from SQLA_OUTBOX_ORDER) must be 'key' or 'strict'")
+    assert "'sideways'" in line
+    assert "Pass --order 'key'" in line
+    assert "ordering key" in line
+
+
+def test_max_publish_attempts_takes_never_and_refuses_other_words(sqlite_engine: Engine) -> None:
+    """--max-publish-attempts takes a whole number or 'never' (retry for ever); any other word
+    is a usage error naming the value and both forms."""
+    stage(sqlite_engine, {"n": 1})
+
+    never = run_cli(
+        "relay",
+        "--once",
+        "--max-publish-attempts",
+        "NEVER",
+        url=url_of(sqlite_engine),
+        publisher="stdout",
+    )
+    word = run_cli(
+        "relay",
+        "--once",
+        "--max-publish-attempts",
+        "ten",
+        url=url_of(sqlite_engine),
+        publisher="stdout",
+    )
+
+    assert never.returncode == 0, never.stderr
+    assert word.returncode == 2
+    line = assert_one_clean_error(word)
+    assert "--max-publish-attempts" in line
+    assert "'ten' is neither a whole number nor 'never'" in line
+
+
+def test_max_publish_attempts_from_the_environment_makes_a_dead_letter(engine: Engine) -> None:
+    """With SQLA_OUTBOX_MAX_PUBLISH_ATTEMPTS=1 one refused publish makes the message a dead
+    letter (dead_at set, no retry_at), logged as relay.dead_letter; the run still publishes the
+    message of another transaction after it, and exits 1."""
+    [bad] = stage(engine, {"fail": True})
+    [after] = stage(engine, {"n": 2})
+
+    result = run_cli(
+        "relay",
+        "--once",
+        url=url_of(engine),
+        publisher=f"{HELPERS}:fail_on_flag",
+        max_publish_attempts="1",
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert "event=relay.dead_letter" in result.stderr
+    rows = {row.id: row for row in all_rows(engine)}
+    assert rows[bad.id].dead_at is not None
+    assert rows[bad.id].retry_at is None
+    assert rows[bad.id].attempts == 1
+    assert published_ids(engine) == {after.id}
+
+
+def test_order_strict_publishes_nothing_after_a_failure(engine: Engine) -> None:
+    """`--order strict` keeps the total order: after a refused message nothing later is
+    published in that run, whatever its transaction or key; the default (`key`) lets the later
+    message of another transaction flow (see test_relay_once_exits_1_when_a_publish_fails)."""
+    [ok] = stage(engine, {"n": 1})
+    stage(engine, {"fail": True})
+    stage(engine, {"n": 3})
+
+    result = run_cli(
+        "relay",
+        "--once",
+        "--order",
+        "strict",
+        *SLOW_RETRIES,
+        url=url_of(engine),
+        publisher=f"{HELPERS}:fail_on_flag",
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [str(ok.id)]
+    assert published_ids(engine) == {ok.id}
 
 
 def test_unimportable_publisher_is_one_sentence(sqlite_engine: Engine) -> None:
@@ -341,7 +473,19 @@ def test_help_lists_every_environment_variable(capsys: pytest.CaptureFixture[str
     """`relay --help` shows the environment variable behind every option and exits 0."""
     assert main(["relay", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    for name in ("URL", "PUBLISHER", "BATCH_SIZE", "POLL_INTERVAL", "CLAIM_LEASE", "RELAY_ID"):
+    names = (
+        "URL",
+        "PUBLISHER",
+        "BATCH_SIZE",
+        "POLL_INTERVAL",
+        "CLAIM_LEASE",
+        "RELAY_ID",
+        "ORDER",
+        "MAX_PUBLISH_ATTEMPTS",
+        "RETRY_BASE",
+        "RETRY_MAX",
+    )
+    for name in names:
         assert f"SQLA_OUTBOX_{name}" in out
 
 
@@ -369,31 +513,55 @@ def test_help_lists_every_publisher_form(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_status_reports_pending_due_and_failing(engine: Engine) -> None:
     """After a --once run that publishes two messages and fails on the third, `status --json`
-    reports what is left: pending counts the failed, the later and the not-yet-due row; due
-    leaves out the one scheduled in an hour; failing counts the row with a failed attempt. The
-    table prints the same numbers."""
+    reports what is left: pending counts the failed row, the later row of its ordering key
+    (held back, parked), the row scheduled in an hour and one staged after the run; due counts
+    only that last one (not the failed row backing off, the parked one or the scheduled one);
+    failing and backing_off count the failed row, which `holding` lists with its key, attempts,
+    retry_at and last error. The table prints the same."""
     stage(engine, {"n": 1}, {"n": 2})
-    stage(engine, {"fail": True})
-    stage(engine, {"n": 4})
+    [bad] = stage(engine, {"fail": True}, ordering_key="order-7")
+    stage(engine, {"n": 4}, ordering_key="order-7")
     stage(engine, {"n": 5}, run_at=dt.timedelta(hours=1))
-    once = run_cli("relay", "--once", url=url_of(engine), publisher=f"{HELPERS}:fail_on_flag")
+    once = run_cli(
+        "relay", "--once", *SLOW_RETRIES, url=url_of(engine), publisher=f"{HELPERS}:fail_on_flag"
+    )
     assert once.returncode == 1
+    stage(engine, {"n": 6})
 
     result = run_cli("status", "--json", url=url_of(engine))
 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["pending"] == 3
-    assert report["due"] == 2
+    assert report["pending"] == 4
+    assert report["due"] == 1
     assert report["failing"] == 1
+    assert report["backing_off"] == 1
+    assert report["dead"] == 0
+    assert report["parked"] == 1
     assert report["relays"] == []
     assert report["oldest_pending_age_seconds"] >= 0
+    [holding] = report["holding"]
+    assert holding["id"] == str(bad.id)
+    assert holding["ordering_key"] == "order-7"
+    assert holding["attempts"] == 1
+    assert holding["state"] == "backing_off"
+    assert dt.datetime.fromisoformat(holding["retry_at"]) > dt.datetime.now(dt.timezone.utc)
+    assert holding["dead_at"] is None
+    assert "broker rejected" in holding["last_error"]
 
     table = run_cli("status", url=url_of(engine))
     assert table.returncode == 0, table.stderr
-    assert re.search(r"pending \(unpublished\)\s+3$", table.stdout, re.MULTILINE)
-    assert re.search(r"due now\s+2$", table.stdout, re.MULTILINE)
+    assert re.search(r"pending \(unpublished\)\s+4$", table.stdout, re.MULTILINE)
+    assert re.search(r"due now\s+1$", table.stdout, re.MULTILINE)
     assert re.search(r"with failed attempts\s+1$", table.stdout, re.MULTILINE)
+    assert re.search(r"backing off \(retrying\)\s+1$", table.stdout, re.MULTILINE)
+    assert re.search(r"dead letters\s+0$", table.stdout, re.MULTILINE)
+    assert re.search(r"parked \(held back\)\s+1$", table.stdout, re.MULTILINE)
+    assert re.search(
+        rf"^\s+{bad.id}\s+send_receipt\s+order-7\s+1\s+backing off\s+RuntimeError: broker",
+        table.stdout,
+        re.MULTILINE,
+    )
     assert "Live claims: none" in table.stdout
 
 

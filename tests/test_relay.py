@@ -19,10 +19,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import URL, Connection, Engine, event, select, text, update
+from sqlalchemy import URL, Engine, event, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-from support import MakeRelay, wait_until
+from support import MakeRelay, assert_charged, assert_uncharged, expire_backoffs, wait_until
 
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine
@@ -91,12 +91,16 @@ class Gate:
 
 
 def statement_kinds(engine: Engine) -> list[str]:
-    """A list that fills with the first word of every statement ``engine`` sends from now on."""
+    """A list that fills with the first word of every statement ``engine`` sends from now on,
+    leaving out session settings (``SET``/``RESET``: the relay's held connection turns JIT
+    off when it is opened and back on before it returns to the pool)."""
     kinds: list[str] = []
 
     @event.listens_for(engine, "before_cursor_execute")
     def record(_c: object, _cur: object, statement: str, *_a: object) -> None:
-        kinds.append(statement.split(maxsplit=1)[0].upper())
+        kind = statement.split(maxsplit=1)[0].upper()
+        if kind not in ("SET", "RESET"):
+            kinds.append(kind)
 
     return kinds
 
@@ -143,7 +147,8 @@ def test_claim_stamps_a_per_claim_fence_token(engine: Engine, make_relay: MakeRe
 def test_publishes_in_claim_order_and_marks_once_per_pass(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """A pass publishes due rows in enqueue order and marks them with one statement."""
+    """A pass publishes due rows in enqueue order and marks them with one statement; a claim
+    that finds nothing is one claim, not a retry loop."""
     ids = stage(engine, 25)
     gate = Gate()
     relay = make_relay(engine, gate, batch_size=10)
@@ -151,9 +156,12 @@ def test_publishes_in_claim_order_and_marks_once_per_pass(
 
     assert [relay.tick() for _ in range(4)] == [10, 10, 5, 0]
     assert [m.id for m in gate.published] == ids
-    # Four claims (WITH ... UPDATE; the last finds nothing) and one mark per non-empty pass;
-    # BEGIN on SQLite.
-    assert Counter(s for s in statements if s != "BEGIN") == {"WITH": 4, "UPDATE": 3}
+    # Four claims (WITH ...; the last finds nothing) and one mark per non-empty pass. On
+    # PostgreSQL the mark is a WITH that also unparks. On SQLite each claim is two WITH
+    # statements after BEGIN (the parking UPDATE, then the claim's UPDATE), and each mark an
+    # UPDATE followed by the unpark UPDATE.
+    expected = {"WITH": 7} if engine.dialect.name == "postgresql" else {"WITH": 8, "UPDATE": 6}
+    assert Counter(s for s in statements if s != "BEGIN") == expected
 
 
 def test_not_due_rows_wait_for_run_at(engine: Engine, make_relay: MakeRelay) -> None:
@@ -171,35 +179,41 @@ def test_not_due_rows_wait_for_run_at(engine: Engine, make_relay: MakeRelay) -> 
 def test_failure_stops_the_pass_and_hands_back_the_rest_at_once(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """A publisher failing on row 3 of 10: 0-2 go out; 3-9 are claimable at once, in order."""
+    """order="strict": a publisher failing on row 3 of 10 ends the pass. 0-2 go out; row 3 is
+    charged and backs off; 4-9 and a later transaction are handed back at once, uncharged,
+    despite the hour-long lease. Nothing after row 3 is claimed while it backs off; once its
+    backoff ends, the rest goes out in order, row 3 first."""
     ids = stage(engine, 10)
+    later = stage(engine, 2, job="later-transaction")
     failing = Gate(fail_at=3)
-    first = make_relay(engine, failing, claim_lease=3600)
-    assert first.tick() == 3
+    first = make_relay(engine, failing, claim_lease=3600, order="strict", retry_base=60)
+    assert first.run_pass() == outbox.PassResult(claimed=12, published=3, failed=True)
     assert [m.id for m in failing.published] == ids[:3]
     assert published_ids(engine) == set(ids[:3])
-    with Session(engine) as session:
-        failed = session.get(Row, ids[3])
-        assert failed is not None and failed.attempts == 1
-        assert "broker refused message 3" in (failed.last_error or "")
-        assert failed.claimed_by is None and failed.published_at is None
-        assert session.scalar(select(Row.attempts).where(Row.id == ids[4])) == 0
-    # Another relay gets the rest immediately, despite the hour-long lease.
+    assert_charged(engine, ids[3], "broker refused message 3")
+    assert_uncharged(engine, ids[4:] + later)
+
     second = Gate()
-    assert make_relay(engine, second, claim_lease=3600).tick() == 7
-    assert [m.id for m in second.published] == ids[3:]
+    relay = make_relay(engine, second, claim_lease=3600, order="strict", retry_base=60)
+    assert relay.tick() == 0  # row 3 backs off, and nothing overtakes it
+    expire_backoffs(engine)
+    assert relay.drain().published == 9
+    assert [m.id for m in second.published] == ids[3:] + later
 
 
 def test_publish_failure_is_logged_with_counts(
     engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
 ) -> None:
-    """The failure log line carries the job, the row, and published/remaining counts."""
-    stage(engine, 5, job="send_receipt")
+    """The failure log line carries the job, the row, its failed attempts so far, when it is
+    retried, and the error."""
+    ids = stage(engine, 5, job="send_receipt")
     with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
-        make_relay(engine, Gate(fail_at=2)).tick()
+        make_relay(engine, Gate(fail_at=2), retry_base=4).tick()
     [record] = [r for r in caplog.records if "relay.publish_failed" in r.getMessage()]
     line = record.getMessage()
-    assert "job=send_receipt" in line and "published=2" in line and "remaining=3" in line
+    assert "job=send_receipt" in line and f"id={ids[2]}" in line
+    assert "attempts=1" in line and "retry_in=4.0" in line
+    assert "broker refused message 2" in line
 
 
 def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: MakeRelay) -> None:
@@ -286,7 +300,8 @@ def test_stale_claimant_cannot_release_another_relays_claim(
 def test_stale_claimant_cannot_mark_another_relays_claim(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """A publishes late and marks after B reclaimed; B then fails the row: it stays unpublished."""
+    """A publishes late and marks after B reclaimed; B then fails the first row, which stays
+    unpublished and is charged to B's claim, with the rest of its transaction handed back."""
     ids = stage(engine, 3)
     a_gate = Gate(block_at=0)
     a = make_relay(engine, a_gate, claim_lease=60, relay_id="A")
@@ -295,7 +310,7 @@ def test_stale_claimant_cannot_mark_another_relays_claim(
 
     age_live_claims(engine)
     b_gate = Gate(block_at=0, fail_at=0)
-    b = make_relay(engine, b_gate, claim_lease=60, relay_id="B")
+    b = make_relay(engine, b_gate, claim_lease=60, relay_id="B", retry_base=60)
     b_thread = run_in_thread(b.tick)
     assert b_gate.entered.wait(WAIT)
 
@@ -304,12 +319,15 @@ def test_stale_claimant_cannot_mark_another_relays_claim(
     assert [m.id for m in a_gate.published] == ids
     assert published_ids(engine) == set()
 
-    b_gate.proceed.set()  # B fails the first row and hands all three back
+    b_gate.proceed.set()  # B fails the first row and hands the other two back
     b_thread.join(WAIT)
     assert published_ids(engine) == set()
+    assert_charged(engine, ids[0], "broker refused message 0")
+    assert_uncharged(engine, ids[1:])
 
+    expire_backoffs(engine)
     later = Gate()
-    assert make_relay(engine, later, claim_lease=60).tick() == 3
+    assert make_relay(engine, later, claim_lease=60).drain().published == 3
     assert [m.id for m in later.published] == ids
     assert published_ids(engine) == set(ids)
 
@@ -374,17 +392,22 @@ def test_pending_counts_committed_unpublished_rows(engine: Engine, make_relay: M
 def test_database_errors_are_retried_not_fatal(
     pg_engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
 ) -> None:
-    """Connections killed under a running relay: it logs, reconnects and keeps publishing."""
+    """Connections killed under a running relay: it logs, reconnects and keeps publishing.
+
+    The kill lands while the relay publishes its first claim (the publisher waits for it), so
+    the statement that meets the dead connection is the relay's next claim, whatever the timing.
+    """
     stage(pg_engine, 5)
     lock = threading.Lock()
     seen: list[uuid.UUID] = []
-    first_five, all_ten = threading.Event(), threading.Event()
+    first_five, killed, all_ten = threading.Event(), threading.Event(), threading.Event()
 
     def publish(message: OutboxMessage) -> None:
         with lock:
             seen.append(message.id)
             if len(seen) == 5:
                 first_five.set()
+                assert killed.wait(WAIT), "test never killed the connections"
             if len(set(seen)) == 10:
                 all_ten.set()
 
@@ -402,8 +425,10 @@ def test_database_errors_are_retried_not_fatal(
                     )
                 )
             stage(pg_engine, 5)
+            killed.set()
             assert all_ten.wait(WAIT)
         finally:
+            killed.set()
             relay.stop()
     assert relay._thread is None
     assert any("relay.database_error" in r.getMessage() for r in caplog.records)
@@ -441,27 +466,41 @@ def test_batch_publisher_gets_the_whole_pass_in_order(
 def test_batch_partial_confirmation_marks_exactly_the_prefix(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """PublishError(published=3): rows 0-2 marked, failure recorded on row 3, rest handed back."""
+    """PublishError(published=3): rows 0-2 marked, the failure charged to row 3, and the rest
+    of its transaction handed back at once, uncharged; they follow row 3 once its backoff
+    ends."""
     ids = stage(engine, 10)
     error = outbox.PublishError("broker nacked message 3", published=3)
-    relay = make_relay(engine, BatchRecorder(error=error), claim_lease=3600)
+    relay = make_relay(engine, BatchRecorder(error=error), claim_lease=3600, retry_base=60)
     assert relay.tick() == 3
     assert published_ids(engine) == set(ids[:3])
-    with Session(engine) as session:
-        row = session.get(Row, ids[3])
-        assert row is not None and row.attempts == 1 and "nacked" in (row.last_error or "")
-    assert make_relay(engine, BatchRecorder(), claim_lease=3600).tick() == 7
+    assert_charged(engine, ids[3], "nacked")
+    assert_uncharged(engine, ids[4:])
+    expire_backoffs(engine)
+    recorder = BatchRecorder()
+    assert make_relay(engine, recorder, claim_lease=3600).drain().published == 7
+    assert [i for batch in recorder.batches for i in batch] == ids[3:]
 
 
 def test_batch_failure_without_count_confirms_nothing(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """Any other exception from publish_batch counts as nothing confirmed: nothing is marked."""
+    """Any other exception from publish_batch counts as nothing confirmed: nothing is marked.
+
+    It is a message failure, charged to the batch's first row, even a builtin ConnectionError:
+    only a BrokerUnavailableError (or one as its cause) says the broker is down.
+    """
     ids = stage(engine, 4)
-    relay = make_relay(engine, BatchRecorder(error=ConnectionError("broker down")))
-    assert relay.tick() == 0
+    relay = make_relay(engine, BatchRecorder(error=ConnectionError("broker down")), retry_base=60)
+    result = relay.run_pass()
+    assert (result.published, result.failed, result.outage) == (0, True, False)
     assert published_ids(engine) == set()
-    assert make_relay(engine, BatchRecorder()).tick() == len(ids)
+    assert_charged(engine, ids[0], "ConnectionError: broker down")
+    assert_uncharged(engine, ids[1:])
+    expire_backoffs(engine)
+    recorder = BatchRecorder()
+    assert make_relay(engine, recorder).drain().published == len(ids)
+    assert [i for batch in recorder.batches for i in batch] == ids
 
 
 def test_a_transactions_rows_are_never_split_across_concurrent_claims(
@@ -543,20 +582,30 @@ def test_messages_carry_utc_datetimes_whatever_the_session_zone(
 def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """After a failure, the failed row's transaction waits for it; other transactions go on."""
+    """After a failure, the failed row's transaction waits for it; other transactions go on,
+    in the same pass and while it backs off. Its held-back rows are handed back uncharged and
+    follow it, in order, once it is published."""
     ids = stage(engine, 4)
     other = stage(engine, 2, job="other-transaction")
     failing = Gate(fail_at=1)
-    assert make_relay(engine, failing, batch_size=2).tick() == 1  # row 0 out, row 1 failed
+    relay = make_relay(engine, failing, retry_base=60)
+    assert relay.run_pass() == outbox.PassResult(claimed=6, published=3, failed=True)
+    assert [m.id for m in failing.published] == [ids[0], *other]  # row 1 failed
+    assert_charged(engine, ids[1], "broker refused message 1")
+    assert_uncharged(engine, ids[2:])
+
     later = Gate()
-    relay = make_relay(engine, later)
-    assert relay.tick() == 5  # the retry starts at the failed row, in order
-    assert [m.id for m in later.published] == ids[1:] + other
+    relay = make_relay(engine, later, retry_base=60)
+    assert relay.tick() == 0  # rows 2-3 wait for row 1, which backs off
+    expire_backoffs(engine)
+    assert relay.drain().published == 3  # the retry starts at the failed row, in order
+    assert [m.id for m in later.published] == ids[1:]
 
 
 def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: MakeRelay) -> None:
     """drain() sends a claim's mark with the next claim: one statement per pass on
-    PostgreSQL, one transaction per pass on SQLite; the last, empty claim marks the last pass."""
+    PostgreSQL, one transaction per pass on SQLite; the last, empty claim marks the last pass,
+    and one sweep for parked rows ends the drain."""
     ids = stage(engine, 25)
     gate = Gate()
     relay = make_relay(engine, gate, batch_size=10)
@@ -567,10 +616,13 @@ def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: 
     assert [m.id for m in gate.published] == ids
     assert published_ids(engine) == set(ids)
     if engine.dialect.name == "postgresql":
-        assert sent == {"WITH": 4}  # a claim, then three mark-and-claims
+        # A claim, then three mark-and-claims; then the sweep (UPDATE) finds nothing to unpark.
+        assert sent == {"WITH": 4, "UPDATE": 1}
     else:
-        # Four transactions: a claim, then a mark (UPDATE) and a claim in each of the others.
-        assert sent == {"BEGIN": 4, "WITH": 4, "UPDATE": 3}
+        # Four transactions: a claim, then a mark and its unpark (two UPDATEs) and a claim in
+        # each of the others, a claim being two WITH statements (park, then claim); then the
+        # sweep's transaction (one UPDATE).
+        assert sent == {"BEGIN": 5, "WITH": 8, "UPDATE": 7}
 
 
 def test_a_transaction_cut_by_the_batch_size_goes_on_in_the_next_claim(
@@ -589,7 +641,9 @@ def test_a_deferred_mark_of_a_lost_claim_is_fenced_off(
     engine: Engine, caplog: pytest.LogCaptureFixture, make_relay: MakeRelay
 ) -> None:
     """A stalls past its lease on its first claim, B reclaims those rows; A's mark, sent with
-    its next claim, touches none of them and is logged; A goes on with the rows after them."""
+    its next claim, touches none of them and is logged; A goes on with the rows after them.
+    B's claim stands: its failure is charged to row 0 alone (one transaction per row), and
+    the rows after it, of other transactions, are still published."""
     ids = stage(engine, 6, per_transaction=1)
     a_gate = Gate(block_at=2)
     a = make_relay(engine, a_gate, batch_size=3, claim_lease=60, relay_id="A")
@@ -599,7 +653,7 @@ def test_a_deferred_mark_of_a_lost_claim_is_fenced_off(
 
     age_live_claims(engine)
     b_gate = Gate(block_at=0, fail_at=0)
-    b = make_relay(engine, b_gate, batch_size=3, claim_lease=60, relay_id="B")
+    b = make_relay(engine, b_gate, batch_size=3, claim_lease=60, relay_id="B", retry_base=60)
     b_thread = run_in_thread(b.tick)
     assert b_gate.entered.wait(WAIT)  # B holds rows 0-2
 
@@ -613,10 +667,13 @@ def test_a_deferred_mark_of_a_lost_claim_is_fenced_off(
     assert "action=mark" in lost and "expected=3" in lost and "touched=0" in lost
     assert published_ids(engine) == set(ids[3:])  # B's claim stands
 
-    b_gate.proceed.set()  # B fails row 0 and hands rows 0-2 back
+    b_gate.proceed.set()  # B fails row 0 and publishes rows 1-2
     b_thread.join(WAIT)
-    assert published_ids(engine) == set(ids[3:])
-    assert make_relay(engine, Gate()).tick() == 3
+    assert [m.id for m in b_gate.published] == ids[1:3]
+    assert published_ids(engine) == set(ids[1:])
+    assert_charged(engine, ids[0], "broker refused message 0")
+    expire_backoffs(engine)
+    assert make_relay(engine, Gate()).tick() == 1
 
 
 def test_a_deferred_mark_of_a_lapsed_claim_nobody_took_still_marks_it(
@@ -652,7 +709,7 @@ def test_a_deferred_mark_is_written_when_the_next_claim_fails(
     def publish(message: OutboxMessage) -> None:
         published.append(message.id)
         if len(published) == 5:  # the end of the first pass: kill the relay's connection
-            held = relays[0]._held
+            held = relays[0]._statements._held
             assert held is not None
             pid = held.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
             with pg_engine.connect() as admin:
@@ -803,16 +860,6 @@ class Raiser:
         self.published.extend(m.id for m in messages)
 
 
-def assert_handed_back_unblamed(engine: Engine, ids: Sequence[uuid.UUID]) -> None:
-    """The rows are unclaimed, unpublished, and carry no failure."""
-    with Session(engine) as session:
-        rows = session.scalars(select(Row).where(Row.id.in_(ids))).all()
-    assert len(rows) == len(ids)
-    for row in rows:
-        assert row.claimed_by is None and row.published_at is None
-        assert row.attempts == 0 and row.last_error is None
-
-
 @pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
 @pytest.mark.parametrize("form", ["publish", "publish_batch"])
 def test_keyboard_interrupt_and_system_exit_from_a_publisher_propagate(
@@ -829,7 +876,7 @@ def test_keyboard_interrupt_and_system_exit_from_a_publisher_propagate(
         relay.drain() if batch else relay.tick()
     assert publisher.published == ids[:2]
     assert published_ids(engine) == set(ids[:2])
-    assert_handed_back_unblamed(engine, ids[2:])
+    assert_uncharged(engine, ids[2:])
     assert make_relay(engine, Gate()).tick() == 3
 
 
@@ -858,25 +905,26 @@ def test_keyboard_interrupt_from_a_publisher_ends_the_background_loop(
     assert any("relay.aborted" in r.getMessage() for r in caplog.records)
     assert publisher.published == ids[:2]
     assert published_ids(pg_engine) == set(ids[:2])
-    assert_handed_back_unblamed(pg_engine, ids[2:])
-    with pg_engine.connect() as conn:
-        assert listen_connections(conn) == 0
+    assert_uncharged(pg_engine, ids[2:])
+    # The listener closed its connection; the server process behind it exits a moment later.
+    wait_until(lambda: not listen_connections(pg_engine), "the LISTEN session to end")
 
     relay.start()
     wait_until(lambda: published_ids(pg_engine) == set(ids), "the restarted relay")
     assert publisher.published == ids
 
 
-def listen_connections(conn: Connection) -> int:
+def listen_connections(engine: Engine) -> int:
     """How many sessions of this database sit in LISTEN."""
-    return int(
-        conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
-            )
-        ).scalar_one()
-    )
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                )
+            ).scalar_one()
+        )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -906,7 +954,7 @@ def test_run_stops_gracefully_on_sigint_and_sigterm(
     assert not handler_missing, "run() did not install its signal handler"
     assert published == ids[:2]
     assert published_ids(engine) == set(ids[:2])
-    assert_handed_back_unblamed(engine, ids[2:])
+    assert_uncharged(engine, ids[2:])
     assert not relays[0].is_alive()
 
 

@@ -536,12 +536,16 @@ class TestSessionKinds:
         assert jobs(db) == ["x"]
 
     def test_missing_table_names_the_fix(self, db: Engine) -> None:
-        """Committing into a database without the outbox table names the migration to run."""
+        """Committing into a database without the outbox table names the migration to run, and
+        the connection goes back to the pool usable (its failed transaction rolled back)."""
         outbox.metadata.drop_all(db)
         with Session(db) as session:
             outbox.enqueue(session, "x")
             with pytest.raises(outbox.MissingTableError, match="alembic upgrade head"):
                 session.commit()
+        for _ in range(3):  # whichever pooled connection comes back
+            with db.connect() as conn:
+                assert conn.execute(text("SELECT 1")).scalar() == 1
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 from alembic import context
 from sqlalchemy import pool
 
-import alembic_ext  # noqa: F401  <-- sqla-outbox: op.create_outbox_table + autogenerate support
+import alembic_ext  # noqa: F401  <-- sqla-outbox: the outbox operations + autogenerate support
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine
 

@@ -13,6 +13,7 @@ never see each other's messages and the database is never flushed.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import shutil
 import time
 import uuid
@@ -25,7 +26,9 @@ import pytest
 from sqlalchemy import Engine
 from support import (
     MakeRelay,
+    assert_uncharged,
     free_port,
+    logged,
     publisher_error,
     reachable_redis,
     row,
@@ -169,7 +172,8 @@ def test_a_failed_message_stops_the_pass_after_the_confirmed_prefix(
     pg_engine: Engine, make_relay: MakeRelay, queue: str, pipeline: bool
 ) -> None:
     """When Celery refuses one message of a pass, exactly the messages before it are marked
-    published (and run); the refused one records the error and the rest wait, unpublished."""
+    published (and run); the refused one records the error and the rest of its transaction
+    waits behind it, unpublished and uncharged."""
     strict = Celery("strict", broker=tasks.REDIS_URL, set_as_current=False)
     # Only the test's queue exists: a message for any other queue raises QueueNotFound.
     strict.conf.update(task_default_queue=queue, task_create_missing_queues=False)
@@ -375,10 +379,11 @@ def test_a_message_due_later_carries_an_eta_and_queue_map_renames_queues(
 
 
 def test_a_broker_that_is_down_fails_the_pass_quickly_and_is_recorded(
-    pg_engine: Engine, make_relay: MakeRelay
+    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With nothing listening on the broker's port, publishing raises within seconds (bounded
-    retries, not a hang), and the relay records the failure on the row."""
+    retries, not a hang) as an outage: the drain stops, the row is handed back with nothing
+    charged to it, and the relay logs why."""
     down = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
     publisher = CeleryPublisher(down)
     [message] = enqueue_all(pg_engine, [({"n": 0}, {})], commit=True)
@@ -389,16 +394,16 @@ def test_a_broker_that_is_down_fails_the_pass_quickly_and_is_recorded(
         assert time.monotonic() - started < 10
         assert is_outage(info.value)
         started = time.monotonic()
-        result = make_relay(pg_engine, publisher).drain()
+        with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+            result = make_relay(pg_engine, publisher).drain()
         assert time.monotonic() - started < 10
     finally:
         publisher.close()
         down.close()
-    assert (result.published, result.failed) == (0, True)
-    failed = row(pg_engine, message.id)
-    assert failed.published_at is None
-    assert failed.attempts == 1
-    assert "Connection refused" in failed.last_error
+    assert (result.published, result.failed, result.outage) == (0, True, True)
+    assert_uncharged(pg_engine, [message])
+    [line] = logged(caplog, "relay.broker_unavailable")
+    assert "Connection refused" in line and "handed_back=1" in line
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")

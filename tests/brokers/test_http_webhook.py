@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import logging
 import os
 import time
 import uuid
@@ -24,6 +25,10 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from support import (
     MakeRelay,
+    assert_charged,
+    assert_uncharged,
+    expire_backoffs,
+    logged,
     publisher_error,
     row,
     run_cli,
@@ -115,23 +120,24 @@ def test_committed_messages_are_posted_in_order_with_their_headers(
 def test_a_500_stops_the_pass_records_the_status_and_the_next_pass_sends_the_rest(
     pg_engine: Engine, endpoint: Endpoint, make_relay: MakeRelay
 ) -> None:
-    """A 500 on message 3 of 5: 1-2 are published, 3 carries the status and the start of the
-    body in last_error, 4-5 are not even sent; once the endpoint recovers, the next pass
-    delivers 3-5 in order."""
+    """A 500 on message 3 of 5 (one transaction) is a message failure: 1-2 are published, 3 is
+    charged with the status and the start of the body in last_error and backs off, 4-5 are not
+    even sent and are handed back uncharged; once the endpoint recovers and the backoff ends,
+    the relay delivers 3-5 in order."""
     messages = enqueue(pg_engine, *({"n": n} for n in range(1, 6)))
     endpoint.answers[str(messages[2].id)] = (500, "database is\n  down, try later", {})
-    relay = make_relay(pg_engine, http_webhook.from_url(endpoint.url()))
+    relay = make_relay(pg_engine, http_webhook.from_url(endpoint.url()), retry_base=60)
 
     assert relay.tick() == 2
-    failed = row(pg_engine, messages[2])
-    assert failed.published_at is None and failed.attempts == 1
-    assert "HTTP 500 Internal Server Error" in failed.last_error
+    failed = assert_charged(pg_engine, messages[2], "HTTP 500 Internal Server Error")
     assert "'database is down, try later'" in failed.last_error
     assert [r.message["id"] for r in endpoint.requests] == [str(m.id) for m in messages[:3]]
-    assert row(pg_engine, messages[3]).published_at is None
+    assert_uncharged(pg_engine, messages[3:])
 
     del endpoint.answers[str(messages[2].id)]
-    assert relay.tick() == 3
+    assert relay.tick() == 0  # message 3 backs off, and 4-5 wait for it
+    expire_backoffs(pg_engine)
+    assert relay.drain().published == 3
     assert endpoint.delivered() == [m.to_dict() for m in messages]
 
 
@@ -181,23 +187,34 @@ def test_requests_are_signed_with_a_secret_taken_from_the_environment(
 
 
 def test_a_down_endpoint_fails_passes_without_marking_and_the_running_relay_delivers_later(
-    pg_engine: Engine, make_relay: MakeRelay
+    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Connection refused: every pass fails, nothing is marked, the error is recorded, and the
-    background relay keeps trying; once a server listens on the port again it delivers all,
-    in order, without a restart."""
+    """Connection refused is an outage: every pass fails, nothing is marked, no row is charged
+    an attempt, the error is logged, and the background relay keeps trying, backing off as a
+    whole; once a server listens on the port again it delivers all, in order, without a
+    restart."""
     first = Endpoint()
     port = first.port
     first.shut()
     messages = enqueue(pg_engine, {"n": 1}, {"n": 2}, {"n": 3})
     relay = make_relay(pg_engine, http_webhook.from_url(f"http://127.0.0.1:{port}/hook"))
+    relay.max_backoff = 0.5  # retry soon after the endpoint is back
 
-    relay.start()
-    # Two failed attempts on the first row: the loop survived a failed pass and tried again.
-    wait_until(lambda: row(pg_engine, messages[0]).attempts >= 2, "two failed passes")
-    error = row(pg_engine, messages[0]).last_error
-    assert "ConnectError" in error and "it was not delivered" in error
-    assert relay.pending() == 3
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        relay.start()
+        # Two outage passes: the loop survived a failed pass and tried again.
+        wait_until(lambda: len(logged(caplog, "relay.broker_unavailable")) >= 2, "two outages")
+        line = logged(caplog, "relay.broker_unavailable")[0]
+        assert "ConnectError" in line and "it was not delivered" in line
+        assert "published=0 handed_back=3" in line
+        # Between passes the rows are handed back, blameless.
+        wait_until(
+            lambda: all(row(pg_engine, m).claimed_by is None for m in messages), "a hand-back"
+        )
+        for message in messages:
+            handed_back = row(pg_engine, message)
+            assert (handed_back.attempts, handed_back.last_error) == (0, None)
+        assert relay.pending() == 3
 
     back = Endpoint(port)
     try:

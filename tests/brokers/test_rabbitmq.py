@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -24,8 +25,11 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from support import (
     MakeRelay,
+    assert_charged,
+    assert_uncharged,
+    expire_backoffs,
+    logged,
     publisher_error,
-    row,
     run_cli,
     stage_inputs,
     wait_until,
@@ -89,9 +93,14 @@ def declare(channel: Any) -> Iterator[Callable[[str], str]]:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def enqueue(engine: Engine, queue: str, *inputs: Any, commit: bool = True) -> list[OutboxMessage]:
-    """Enqueue one job per input in one transaction, committed or rolled back."""
-    return stage_inputs(engine, "send_email", inputs, commit=commit, queue=queue, **ENVELOPE)
+def enqueue(
+    engine: Engine, queue: str, *inputs: Any, commit: bool = True, **options: Any
+) -> list[OutboxMessage]:
+    """Enqueue one job per input (with ``options``) in one transaction, committed or rolled
+    back."""
+    return stage_inputs(
+        engine, "send_email", inputs, commit=commit, queue=queue, **ENVELOPE, **options
+    )
 
 
 def drain_queue(channel: Any, queue: str) -> list[tuple[Any, Any, bytes]]:
@@ -188,28 +197,32 @@ def test_an_unroutable_message_stops_the_pass_and_says_which_queue_to_declare(
 ) -> None:
     """mandatory=True: a message for a missing queue fails (last_error names it), never drops.
 
-    The message behind it waits; once the queue is declared the next pass delivers both, in
-    order.
+    The message behind it with the same ordering key waits, uncharged; a message of another
+    transaction and key still goes out. Once the queue is declared (and the failed message's
+    backoff has ended) the relay delivers both, in order.
     """
     queue = declare("present")
     missing = f"sqla-outbox-test-missing-{uuid.uuid4().hex[:12]}"
     [ok] = enqueue(pg_engine, queue, {"n": 1})
-    [lost] = enqueue(pg_engine, missing, {"n": 2})
-    [behind] = enqueue(pg_engine, queue, {"n": 3})
-    relay = make_relay(pg_engine, rabbitmq.from_url(AMQP_URL))
+    [lost] = enqueue(pg_engine, missing, {"n": 2}, ordering_key="order-7")
+    [behind] = enqueue(pg_engine, queue, {"n": 3}, ordering_key="order-7")
+    [other] = enqueue(pg_engine, queue, {"n": 4})
+    relay = make_relay(pg_engine, rabbitmq.from_url(AMQP_URL), retry_base=60)
 
-    assert relay.tick() == 1
-    failed = row(pg_engine, lost)
-    assert failed.published_at is None and failed.attempts == 1
-    assert "unroutable" in failed.last_error and repr(missing) in failed.last_error
-    assert "declare the queue" in failed.last_error
-    assert row(pg_engine, behind).published_at is None
-    assert [p.message_id for _m, p, _b in drain_queue(channel, queue)] == [ok.idempotency_key]
+    assert relay.tick() == 2
+    failed = assert_charged(pg_engine, lost, "unroutable")
+    assert repr(missing) in failed.last_error and "declare the queue" in failed.last_error
+    assert_uncharged(pg_engine, [behind])
+    assert [p.message_id for _m, p, _b in drain_queue(channel, queue)] == [
+        ok.idempotency_key,
+        other.idempotency_key,
+    ]
 
     declare_missing = channel.queue_declare(missing, durable=True)
     try:
         assert declare_missing.method.queue == missing
-        assert relay.tick() == 2
+        expire_backoffs(pg_engine)
+        assert relay.drain().published == 2
         assert [json.loads(b) for _m, _p, b in drain_queue(channel, missing)] == [{"n": 2}]
         assert [json.loads(b) for _m, _p, b in drain_queue(channel, queue)] == [{"n": 3}]
     finally:
@@ -222,8 +235,9 @@ def test_an_unroutable_message_stops_the_pass_and_says_which_queue_to_declare(
 def test_a_channel_closed_by_the_broker_fails_the_pass_and_the_next_pass_reconnects(
     pg_engine: Engine, channel: Any, declare: Callable[[str], str], make_relay: MakeRelay
 ) -> None:
-    """Deleting the exchange mid-life: 404 closes the channel, the pass fails with the fix, the
-    rows stay unpublished; after the exchange is back the next pass publishes on a new channel.
+    """Deleting the exchange mid-life: 404 closes the channel, the pass fails with the fix (a
+    message failure, charged to the first row; the rest of its transaction waits, uncharged);
+    after the exchange is back and the backoff ends, the relay publishes on a new channel.
     """
     exchange = f"sqla-outbox-test-{uuid.uuid4().hex[:12]}"
     queue = declare("routed")
@@ -234,20 +248,23 @@ def test_a_channel_closed_by_the_broker_fails_the_pass_and_the_next_pass_reconne
 
     create_exchange()
     try:
-        relay = make_relay(pg_engine, rabbitmq.from_url(f"{AMQP_URL}?exchange={exchange}"))
+        publisher = rabbitmq.from_url(f"{AMQP_URL}?exchange={exchange}")
+        relay = make_relay(pg_engine, publisher, retry_base=60)
         enqueue(pg_engine, queue, {"n": 1})
         assert relay.tick() == 1
 
         channel.exchange_delete(exchange)
         waiting = enqueue(pg_engine, queue, {"n": 2}, {"n": 3})
         result = relay.run_pass()
-        assert result.failed and result.published == 0
-        error = row(pg_engine, waiting[0]).last_error
-        assert "404" in error and f"declare the exchange {exchange!r}" in error
+        assert result.failed and not result.outage and result.published == 0
+        error = assert_charged(pg_engine, waiting[0], "404").last_error
+        assert f"declare the exchange {exchange!r}" in error
+        assert_uncharged(pg_engine, waiting[1:])
         assert relay.pending() == 2
 
         create_exchange()
-        assert relay.tick() == 2
+        expire_backoffs(pg_engine)
+        assert relay.drain().published == 2
         assert [json.loads(b) for _m, _p, b in drain_queue(channel, queue)] == [
             {"n": 1},
             {"n": 2},
@@ -293,18 +310,23 @@ def test_a_connection_closed_by_the_broker_is_replaced_before_the_next_send(
 
 
 def test_an_unreachable_broker_fails_the_pass_with_the_url_and_no_password(
-    pg_engine: Engine, make_relay: MakeRelay
+    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Nothing listening: the pass fails, nothing is marked, last_error names the URL sans
-    password. (The shared broker is never stopped; a closed port stands in for it.)
+    """Nothing listening is an outage: the pass fails, nothing is marked, nothing is charged,
+    and the logged error names the URL sans password. (The shared broker is never stopped; a
+    closed port stands in for it.)
     """
     [message] = enqueue(pg_engine, "emails", {"n": 1})
     url = "amqp://guest:s3cret@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=2"
     relay = make_relay(pg_engine, rabbitmq.from_url(url))
-    assert relay.run_pass().failed
-    error = row(pg_engine, message).last_error
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        result = relay.run_pass()
+    assert (result.claimed, result.published, result.failed, result.outage) == (1, 0, True, True)
+    assert_uncharged(pg_engine, [message])
+    [error] = logged(caplog, "relay.broker_unavailable")
     assert "Could not connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in error
-    assert "s3cret" not in error and "ConnectionRefused" in error
+    assert "ConnectionRefused" in error
+    assert "s3cret" not in caplog.text
     assert relay.pending() == 1
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,12 +18,14 @@ from pathlib import Path
 import pytest
 import redis
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 from support import (
     WAIT,
     MakeRelay,
     Recorder,
+    assert_charged,
+    assert_uncharged,
     free_port,
+    logged,
     publisher_error,
     reachable_redis,
     run_cli,
@@ -31,7 +34,6 @@ from support import (
     wait_until,
 )
 
-import sqla_outbox as outbox
 from sqla_outbox.errors import PublisherError, PublishError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishers import redis_streams
@@ -175,22 +177,26 @@ def test_a_refused_xadd_confirms_exactly_the_prefix_before_it(
     pg_engine: Engine, shared_redis: redis.Redis, names: Callable[[str], str], make_relay: MakeRelay
 ) -> None:
     """A pipeline whose third XADD is refused (the key is not a stream) raises
-    PublishError(published=2); the relay marks those two and keeps the rest for later."""
+    PublishError(published=2); the relay marks exactly those two and charges the third. The
+    fourth, of another transaction, is not held back by it: the relay sends it again in a
+    batch of its own and marks it once that batch is confirmed."""
     good, bad = names("good"), names("bad")
     shared_redis.set(bad, "not a stream")
     before = stage(pg_engine, good, 2)
-    stage(pg_engine, bad, 1)
-    stage(pg_engine, good, 1)
+    [refused] = stage(pg_engine, bad, 1)
+    [after] = stage(pg_engine, good, 1)
 
     relay = make_relay(pg_engine, RedisStreamsPublisher(REDIS_URL), batch_size=10)
     result = relay.run_pass()
 
-    assert (result.claimed, result.published, result.failed) == (4, 2, True)
-    assert relay.pending() == 2
+    assert (result.claimed, result.published, result.failed) == (4, 3, True)
+    assert relay.pending() == 1
+    assert_charged(pg_engine, refused, "WRONGTYPE")
     keys = [entry["idempotency_key"] for entry in read_stream(shared_redis, good)]
-    # The fourth XADD was accepted by Redis although the relay counts it unpublished: it will be
-    # appended again later, which is why consumers deduplicate on idempotency_key.
-    assert keys[:2] == [m.idempotency_key for m in before]
+    # The first pipeline's fourth XADD was accepted by Redis although the relay could not count
+    # it confirmed (it came after the refusal): the second batch appends it again, which is why
+    # consumers deduplicate on idempotency_key.
+    assert keys == [m.idempotency_key for m in (*before, after, after)]
 
     publisher = RedisStreamsPublisher(REDIS_URL)
     now = dt.datetime.now(dt.timezone.utc)
@@ -418,17 +424,17 @@ def test_a_restart_between_two_publishes_is_invisible_to_the_next_one(tmp_path: 
 
 
 def test_relay_marks_nothing_while_redis_is_unreachable_and_records_why(
-    pg_engine: Engine, make_relay: MakeRelay
+    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """With Redis unreachable a pass publishes nothing, marks nothing, and records the
-    publisher's sentence on the first row; tick() returns normally rather than raising."""
+    """With Redis unreachable a pass is an outage: it publishes nothing, marks nothing, charges
+    no row, and logs the publisher's sentence; tick() returns normally rather than raising."""
     messages = stage(pg_engine, "down", 3)
     publisher = from_url(f"redis://127.0.0.1:{free_port()}/0?socket_timeout=1")
     relay = make_relay(pg_engine, publisher)
-    assert relay.tick() == 0
+    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
+        result = relay.run_pass()
+    assert (result.published, result.failed, result.outage) == (0, True, True)
     assert relay.pending() == 3
-    with Session(pg_engine) as session:
-        row = session.get(outbox.OutboxRow, messages[0].id)
-        assert row is not None and row.published_at is None and row.claimed_by is None
-        assert row.attempts == 1
-        assert row.last_error is not None and "did not confirm a batch of 3" in row.last_error
+    assert_uncharged(pg_engine, messages)
+    [line] = logged(caplog, "relay.broker_unavailable")
+    assert "did not confirm a batch of 3" in line

@@ -1,0 +1,265 @@
+"""Workload 9: a relay draining a backlog in which 2% of the messages fail once.
+
+The issue: one bad message must never stop the world. A failed publish is charged to its row
+alone (a retry backoff, later a dead letter); only the later rows of its transaction and
+ordering key wait for it (handed back and parked); everything else flows. This workload prices
+that machinery against the same relay on the same rows with nothing failing.
+
+Both arms restore the drain snapshot of :mod:`benchmarks.drain` (``drain_rows`` rows committed
+through ``outbox.enqueue``, ten per transaction; restored, vacuumed, analysed and checkpointed
+before every run, untimed) and run the same relay, interleaved per round:
+
+``Relay(engine, publisher, batch_size=100, relay_id="ours", poll_interval=0.01,
+retry_base=0.05, retry_max=0.05)`` running its own loop (``start()``, LISTEN included) until
+every message has been published successfully once; rows/s from ``start()`` until that last
+success (``stop()`` is untimed). The publisher does nothing but record successes (per id, so
+duplicates are counted) and, in the failing arm, raise on the **first** attempt of a fixed 2% of
+the ids, chosen once from the snapshot (``ORDER BY md5(id::text)``, so spread through the
+backlog and at every position of their transactions); their second attempt succeeds.
+
+* **ours, 2% fail once**: :data:`FAILING` of the rows fail once each (1,000 of 50,000).
+* **ours, no failures** (the baseline): the same relay and publisher with an empty failing set.
+
+Why ``retry_base = retry_max = 0.05`` s: a failed row is not claimed again before its backoff
+ends (1 s by default, doubling). With the defaults the failing arm would mostly measure the
+configured wait of the last failures, not the work of isolating them. A 50 ms backoff makes a
+retried row due again within a few passes, so the ratio prices the isolation machinery itself:
+the failed publishes, the settle of every pass that had one (mark, charge and park in one
+transaction instead of the mark riding on the next claim), the parked rows skipped and then
+unparked by their holder's mark, and the passes the retries add. The poll interval is small for
+the same reason: between the last claims the relay may find nothing due and wait for the
+backoff of the last failed rows, not for a poll.
+
+The relay logs every failure (``relay.publish_failed``, a warning); a counting handler on the
+``sqla_outbox`` logger receives them during this workload (instead of stderr), and its count is
+checked against the publisher's. The number of passes is read from the table after each run:
+every published row keeps the fence token of the claim that published it, so the distinct
+``claimed_by`` values of the published rows are the passes that published something. The JSON
+also has, per round, the seconds until 99% of the rows were out: the rest is the retries' tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqla_outbox as outbox
+from benchmarks.drain import BENCH_RELAY_ID, RELAYS_TIMEOUT, TWO_RELAYS_BATCH, _prepare
+from benchmarks.harness import (
+    Context,
+    Result,
+    Target,
+    compare,
+    fresh_pool,
+    interleave,
+    restore_outbox,
+)
+
+__all__ = ["FAILING", "POLL_INTERVAL", "RETRY", "run"]
+
+FAILING = 0.02
+"""The share of the messages whose first publish fails."""
+RETRY = 0.05
+"""Seconds, ``retry_base`` and ``retry_max`` of the relay (see the module docs)."""
+POLL_INTERVAL = 0.01
+BATCH = TWO_RELAYS_BATCH  # the library's default batch size
+TARGET = 0.8
+MOST = 99
+"""Percent of the rows after which the time is noted too: what is left is the retries' tail."""
+
+FAILS = "ours, 2% fail once"
+CLEAN = "ours, no failures"
+
+
+class _RefusedError(Exception):
+    """What the failing publisher raises on a message's first attempt."""
+
+
+@dataclass
+class _Publisher:
+    """Records every success; refuses the first attempt of each id in ``failing``."""
+
+    total: int
+    failing: frozenset[uuid.UUID]
+    published: list[uuid.UUID] = field(default_factory=list)
+    refused: set[uuid.UUID] = field(default_factory=set)
+    distinct: set[uuid.UUID] = field(default_factory=set)
+    everything: threading.Event = field(default_factory=threading.Event)
+    most_at: float = 0.0
+    """``perf_counter()`` when 99% of the rows had been published."""
+
+    def __call__(self, message: outbox.OutboxMessage) -> None:
+        message_id = message.id
+        if message_id in self.failing and message_id not in self.refused:
+            self.refused.add(message_id)
+            raise _RefusedError("bench: refused once")
+        self.published.append(message_id)
+        self.distinct.add(message_id)
+        if len(self.distinct) == MOST * self.total // 100:
+            self.most_at = time.perf_counter()
+        if len(self.distinct) >= self.total:
+            self.everything.set()
+
+
+class _Events(logging.Handler):
+    """Counts the relay's log events by name."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "outbox_event", None)
+        if event is not None:
+            self.counts[event] = self.counts.get(event, 0) + 1
+
+
+@contextmanager
+def _counted_events() -> Iterator[_Events]:
+    """Route the ``sqla_outbox`` logger to a counting handler (and nowhere else) meanwhile."""
+    logger = logging.getLogger("sqla_outbox")
+    handler = _Events()
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _failing_ids(ctx: Context) -> frozenset[uuid.UUID]:
+    """A fixed :data:`FAILING` share of the snapshot's ids, spread through the backlog."""
+    count = round(ctx.scale.drain_rows * FAILING)
+    with ctx.raw() as conn:
+        rows = conn.execute(
+            "SELECT id FROM outbox_template ORDER BY md5(id::text) LIMIT %s", (count,)
+        ).fetchall()
+    return frozenset(row[0] for row in rows)
+
+
+@dataclass
+class _Round:
+    """What one run of one arm did, beyond its rate."""
+
+    published: list[uuid.UUID]
+    refused: int
+    charged: int
+    passes: int
+    unpublished: int
+    seconds: float
+    seconds_to_99pct: float
+
+
+def _run_relay(ctx: Context, failing: frozenset[uuid.UUID], events: _Events) -> _Round:
+    """One relay on ``start()`` until every row was published once; ``stop()`` untimed."""
+    restore_outbox(ctx)
+    total = ctx.scale.drain_rows
+    publisher = _Publisher(total, failing)
+    charged_before = events.counts.get("relay.publish_failed", 0)
+    fresh_pool(ctx.engine, connections=2)  # the claim connection and the LISTEN one
+    relay = outbox.Relay(
+        ctx.engine,
+        publisher,
+        batch_size=BATCH,
+        relay_id=BENCH_RELAY_ID,
+        poll_interval=POLL_INTERVAL,
+        retry_base=RETRY,
+        retry_max=RETRY,
+    )
+    start = time.perf_counter()
+    relay.start()
+    publisher.everything.wait(RELAYS_TIMEOUT)
+    elapsed = time.perf_counter() - start
+    relay.stop()
+    with ctx.raw() as conn:
+        passes, unpublished = conn.execute(
+            "SELECT count(DISTINCT claimed_by) FILTER (WHERE published_at IS NOT NULL), "
+            "count(*) FILTER (WHERE published_at IS NULL) FROM outbox"
+        ).fetchone()  # type: ignore[misc]
+    return _Round(
+        published=publisher.published,
+        refused=len(publisher.refused),
+        charged=events.counts.get("relay.publish_failed", 0) - charged_before,
+        passes=passes,
+        unpublished=unpublished,
+        seconds=elapsed,
+        seconds_to_99pct=publisher.most_at - start,
+    )
+
+
+def run(ctx: Context) -> list[Result]:
+    """2% of the messages fail once against none failing: drain rows/s, duplicates, passes."""
+    _prepare(ctx)
+    failing = _failing_ids(ctx)
+    total = ctx.scale.drain_rows
+    ctx.log(
+        f"drain with {len(failing):,} of {total:,} messages failing once vs none "
+        f"(b={BATCH}, start()/stop(), retry {RETRY} s), interleaved"
+    )
+    rounds: dict[str, list[_Round]] = {FAILS: [], CLEAN: []}
+
+    def arm(name: str, ids: frozenset[uuid.UUID], events: _Events) -> Callable[[], float]:
+        def run_arm() -> float:
+            done = _run_relay(ctx, ids, events)
+            rounds[name].append(done)
+            return len(set(done.published)) / done.seconds
+
+        return run_arm
+
+    with _counted_events() as events:
+        samples = interleave(
+            {FAILS: arm(FAILS, failing, events), CLEAN: arm(CLEAN, frozenset(), events)},
+            ctx.scale.drain_rounds,
+        )
+    every = [done for name in rounds for done in rounds[name]]
+    duplicates = sum(len(done.published) - len(set(done.published)) for done in every)
+    missing = sum(total - len(set(done.published)) for done in every)
+    per_round: dict[str, Any] = {
+        key: {name: [getattr(done, key) for done in rounds[name]] for name in rounds}
+        for key in ("refused", "charged", "passes", "unpublished", "seconds", "seconds_to_99pct")
+    }
+    return [
+        compare(
+            f"drain, 2% fail once vs no failures (b={BATCH}, start/stop)",
+            "rows/s",
+            samples,
+            FAILS,
+            CLEAN,
+            Target("ratio", ">=", TARGET),
+            failing_ids=len(failing),
+            retry_seconds=RETRY,
+            **per_round,
+        ),
+        Result(
+            name="drain, 2% fail once: failed publishes per drain",
+            unit="",
+            ours=float(statistics.median([done.refused for done in rounds[FAILS]])),
+            baseline=float(len(failing)),
+            baseline_name="2% of rows",
+            extra={"charged_per_round": per_round["charged"][FAILS]},
+        ),
+        Result(
+            name="drain, 2% fail once: passes that published vs no failures",
+            unit="",
+            ours=float(statistics.median(per_round["passes"][FAILS])),
+            baseline=float(statistics.median(per_round["passes"][CLEAN])),
+            baseline_name="no failures",
+            samples={name: [float(p) for p in per_round["passes"][name]] for name in rounds},
+        ),
+        Result(
+            name=f"drain, 2% fail once: duplicates over {len(every)} drains",
+            unit="",
+            ours=float(duplicates),
+            targets=(Target("ours", "==", 0),),
+            extra={"duplicates": duplicates, "missing": missing},
+        ),
+    ]

@@ -1,0 +1,282 @@
+"""Workload 8: does a claim slow down when dead letters hold back thousands of rows ahead of it?
+
+Two databases with the same schema, both holding the same backlog of ``backlog_rows`` due,
+keyless rows (committed through ``outbox.enqueue``, ten per transaction):
+
+* ``<db>``: nothing else;
+* ``<db>_held``: additionally, ahead of the backlog in claim order (older ``staged_at``),
+  :data:`HELD_ROWS` rows no claim may take, written in one ``INSERT ... SELECT
+  generate_series`` with time-ordered ids: :data:`DEAD_LETTERS` blocks of
+  :data:`BLOCK` rows, each
+
+  - a **dead letter** (``dead_at`` set, ``attempts`` 3, ``last_error``) with an ordering key
+    of its own,
+  - :data:`SAME_TRANSACTION` - 1 rows of the dead letter's transaction (same ``staged_at``, no
+    key), held back by the transaction,
+  - the rest of the block: later rows of the dead letter's ordering key, held back by the key.
+
+Both are ``VACUUM ANALYZE``d and checkpointed. Then, untimed, the library's claim runs on each
+database until it stops parking rows (its first column), the window widened as the relay
+widens it (``min(batch + held, 16 * batch)``, ``held`` its second column), every claimed row
+marked published: the steady state of a relay that has met the dead letters. A relay gets
+there within a few claims; the measured claims see what it sees from then on.
+
+Then claims of :data:`~benchmarks.claim_history.BATCH` rows alternate between the two
+databases, each timed alone and followed, untimed, by a mark of its rows, as in
+:mod:`benchmarks.claim_history`. The library's claim is sent exactly as the relay sends it
+(:class:`~benchmarks.claim_history.LibraryClaim`: pre-compiled driver SQL on a held autocommit
+connection with ``SET jit = off``, window widening). The comparison is the claim against itself
+with and without the held rows: only those differ. The backlog is refilled (the held rows stay,
+parked) before it runs low.
+
+Informative rows, against the steady claim without held rows:
+
+* the first claim on ``<db>_held``, before anything is parked (every held row unparked and the
+  table vacuumed again, :data:`FIRST_CLAIMS` times, once with ``--quick``);
+* the slowest claim of the parking that follows: the window widens by the rows each claim
+  leaves, up to 16 batches, so the claims grow until every held row is parked (their windows,
+  times and parked rows are in the JSON, with the claims and seconds the parking took);
+* the library's claim against the raw-SQL claim (:data:`benchmarks.drain.RAW_CLAIM`) on the
+  database without held rows. The raw claim cannot run on ``<db>_held``: it knows no dead
+  letters and would take them.
+
+The JSON keeps ``EXPLAIN (ANALYZE, BUFFERS)`` of the first claim and of one steady-state claim
+on ``<db>_held`` (both rolled back).
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from benchmarks.claim_history import (
+    BATCH,
+    ClaimSide,
+    claim_side,
+    explain_claim,
+    library_claim,
+    raw_claim,
+)
+from benchmarks.harness import Context, Result, Target, make_engine, recreate_database
+
+__all__ = ["BLOCK", "DEAD_LETTERS", "HELD_ROWS", "SAME_TRANSACTION", "held_url", "run"]
+
+DEAD_LETTERS = 100
+BLOCK = 100
+"""Rows per dead letter, the dead letter included."""
+SAME_TRANSACTION = 10
+"""Rows of each dead letter's transaction, the dead letter included."""
+HELD_ROWS = DEAD_LETTERS * BLOCK
+FIRST_CLAIMS = 3
+"""How many times the held rows are unparked to time a first claim and the parking."""
+SETTLE_LIMIT = 1000
+"""Claims the untimed settling may take before the workload gives up on a steady state."""
+HELD_JOB = "held_back"
+
+_HELD = f"""
+INSERT INTO outbox (id, job, queue, input, idempotency_key, max_attempts, run_at, staged_at,
+                    ordering_key, attempts, last_error, dead_at)
+SELECT id, '{HELD_JOB}', 'default', jsonb_build_object('order_id', g), id::text, 3, t, t,
+       CASE WHEN pos = 0 OR pos >= {SAME_TRANSACTION} THEN 'held-' || block END,
+       CASE WHEN pos = 0 THEN 3 ELSE 0 END,
+       CASE WHEN pos = 0 THEN 'bench: refused three times' END,
+       CASE WHEN pos = 0 THEN t + interval '1 minute' END
+FROM (
+    SELECT g, block, pos, t,
+           (substr(ms, 1, 8) || '-' || substr(ms, 9, 4) || '-7000-8000-'
+            || lpad(to_hex(g), 12, '0'))::uuid AS id
+    FROM (
+        SELECT g, block, pos, t,
+               lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') AS ms
+        FROM (
+            SELECT g, g / {BLOCK} AS block, mod(g, {BLOCK}) AS pos,
+                   date_trunc('second', now()) - interval '1 day' + (g / {BLOCK}) * interval '1 s'
+                   + CASE WHEN mod(g, {BLOCK}) < {SAME_TRANSACTION} THEN interval '0'
+                          ELSE mod(g, {BLOCK}) * interval '1 ms' END AS t
+            FROM generate_series(0, {HELD_ROWS - 1}) AS g
+        ) AS placed
+    ) AS stamped
+) AS held
+"""
+"""The held rows: per block, the dead letter first (lowest id of its transaction), the rest of
+its transaction at the same ``staged_at``, then its key's rows a millisecond apart."""
+
+_UNPARK = f"UPDATE outbox SET parked = false WHERE job = '{HELD_JOB}' AND parked"
+
+
+def held_url(url: URL) -> URL:
+    """The second database of this workload (also dropped by ``__main__`` at the end)."""
+    return url.set(database=f"{url.database}_held")
+
+
+def _settle(side: ClaimSide) -> list[tuple[int, float, int]]:
+    """Claim (untimed, marking what is claimed) until a claim parks nothing.
+
+    Returns, per claim made: its window, its milliseconds and the rows it parked.
+    """
+    claims: list[tuple[int, float, int]] = []
+    while len(claims) < SETTLE_LIMIT:
+        window = side.claim.window
+        elapsed, parked, _held, ids = side.claim(f"settle:{secrets.token_hex(8)}")
+        side.mark(ids)
+        claims.append((window, elapsed * 1000, parked))
+        if not parked:
+            return claims
+    raise RuntimeError(f"the claim still parked rows after {SETTLE_LIMIT} claims")
+
+
+def _first_claims(held: ClaimSide, times: int) -> dict[str, Any]:
+    """Time the first claim over freshly unparked held rows, and the parking, ``times`` times.
+
+    Each time every held row is unparked and the table vacuumed, analysed and checkpointed (as
+    when a relay first meets the dead letters), the window starts at the batch, and the claims
+    run until one parks nothing. The first claim is the first of those.
+    """
+    first: list[float] = []
+    claims: list[int] = []
+    seconds: list[float] = []
+    parked: list[int] = []
+    slowest: list[float] = []
+    each: list[tuple[int, float, int]] = []
+    plan = ""
+    for _ in range(times):
+        held.ctx.sql(_UNPARK, "VACUUM ANALYZE outbox", "CHECKPOINT")
+        held.claim.window = held.claim.batch
+        if not plan:
+            plan = explain_claim(held.ctx, held.claim)
+        each = _settle(held)
+        first.append(each[0][1])
+        claims.append(len(each))
+        seconds.append(sum(ms for _window, ms, _parked in each) / 1000)
+        parked.append(sum(rows for _window, _ms, rows in each))
+        slowest.append(max(ms for _window, ms, _parked in each))
+    return {
+        "first_claim_ms": first,
+        "claims_to_steady_state": claims,
+        "seconds_to_steady_state": seconds,
+        "rows_parked": parked,
+        "slowest_parking_claim_ms": slowest,
+        "last_parking_claims_window_ms_parked": each,
+        "explain_analyze_first_claim": plan,
+    }
+
+
+def run(ctx: Context) -> list[Result]:
+    scale = ctx.scale
+    ctx.clear_tables()
+    url = held_url(ctx.url)
+    recreate_database(url)
+    held_engine = make_engine(url)
+    backlog = f"job <> '{HELD_JOB}'"
+    none = claim_side(ctx, ctx.url, ctx.engine, backlog=backlog)
+    held = claim_side(ctx, url, held_engine, backlog=backlog)
+    ctx.log(
+        f"inserting {HELD_ROWS:,} held rows: {DEAD_LETTERS} dead letters, each with "
+        f"{SAME_TRANSACTION - 1} rows of its transaction and {BLOCK - SAME_TRANSACTION} of its key"
+    )
+    with held.ctx.raw() as conn:
+        conn.execute(_HELD.encode())
+    windows: list[int] = []
+    held_claim = library_claim(held)
+
+    def held_arm() -> float:
+        windows.append(held.claim.window)
+        return held_claim()
+
+    arms: dict[str, Callable[[], float]] = {
+        "library, held": held_arm,
+        "library, none": library_claim(none),
+        "raw SQL, none": raw_claim(none),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in arms}
+    # Each iteration takes BATCH rows per arm; refill while at least half the backlog is left.
+    per_fill = max(1, scale.backlog_rows // (2 * BATCH * 2))
+    first: dict[str, Any] = {}
+    plan = ""
+    try:
+        for index in range(scale.claims):
+            if index % per_fill == 0:
+                for side in (none, held):
+                    side.refill(scale.backlog_rows)
+                if not first:
+                    times = 1 if ctx.quick else FIRST_CLAIMS
+                    ctx.log(f"first claims over the held rows, and their parking ({times}x)")
+                    first = _first_claims(held, times)
+                    ctx.log(f"{scale.claims} claims of {BATCH} per arm, alternating databases")
+                for side in (none, held):
+                    _settle(side)
+                if not plan:
+                    plan = explain_claim(held.ctx, held.claim)
+            names = list(arms) if index % 2 == 0 else list(reversed(arms))
+            for name in names:
+                samples[name].append(arms[name]())
+    finally:
+        for side in (none, held):
+            side.close()
+        held_engine.dispose()
+    held_samples, none_samples = samples["library, held"], samples["library, none"]
+    raw_samples = samples["raw SQL, none"]
+    return [
+        Result(
+            name=f"claim b={BATCH}, {HELD_ROWS:,} held-back or dead rows ahead vs none",
+            unit="ms",
+            ours=statistics.median(held_samples),
+            baseline=statistics.median(none_samples),
+            baseline_name="none held",
+            targets=(Target("ratio", "<=", 1.5),),
+            samples={"held": held_samples, "none": none_samples},
+            paired_ratio=_paired(held_samples, none_samples),
+            extra={
+                "p90_ms": {"held": _p90(held_samples), "none": _p90(none_samples)},
+                "widest_window_measured": max(windows),
+                "explain_analyze_held": plan,
+            },
+        ),
+        Result(
+            name=f"claim b={BATCH}, first claim over {HELD_ROWS:,} held rows (parking)",
+            unit="ms",
+            ours=statistics.median(first["first_claim_ms"]),
+            baseline=statistics.median(none_samples),
+            baseline_name="steady, none held",
+            samples={"first": first["first_claim_ms"], "none": none_samples},
+            extra={"explain_analyze_first_claim": first["explain_analyze_first_claim"]},
+        ),
+        Result(
+            name=(
+                f"claim b={BATCH}, parking {HELD_ROWS:,} held rows: slowest of "
+                f"{max(first['claims_to_steady_state'])} claims"
+            ),
+            unit="ms",
+            ours=statistics.median(first["slowest_parking_claim_ms"]),
+            baseline=statistics.median(none_samples),
+            baseline_name="steady, none held",
+            samples={"slowest": first["slowest_parking_claim_ms"]},
+            extra={
+                key: value
+                for key, value in first.items()
+                if key not in ("first_claim_ms", "explain_analyze_first_claim")
+            },
+        ),
+        Result(
+            name=f"claim b={BATCH}, none held: library vs raw SQL",
+            unit="ms",
+            ours=statistics.median(none_samples),
+            baseline=statistics.median(raw_samples),
+            baseline_name="raw SQL",
+            samples={"library": none_samples, "raw SQL": raw_samples},
+            paired_ratio=_paired(none_samples, raw_samples),
+        ),
+    ]
+
+
+def _paired(ours: list[float], baseline: list[float]) -> float:
+    """The median of the per-iteration ratios (the two claims of an iteration ran together)."""
+    return statistics.median(a / b for a, b in zip(ours, baseline, strict=True))
+
+
+def _p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]

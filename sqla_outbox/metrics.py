@@ -1,0 +1,322 @@
+"""Prometheus metrics of the relays of a process (``pip install "sqla-outbox[prometheus]"``).
+
+Every :class:`~sqla_outbox.Relay` built while ``prometheus_client`` is importable records into
+the registry given as ``Relay(..., registry=...)`` (``None``: prometheus_client's default
+``REGISTRY``). Without the package nothing here imports it and a relay pays nothing.
+
+**What is recorded.**
+
+* ``sqla_outbox_published_total{queue}``: messages published, counted when the relay reports
+  the pass (a pass published in full reports before its mark rides on the next claim: a relay
+  killed in between publishes those messages again, and counts them again).
+* ``sqla_outbox_publish_failures_total{queue}``: publishes that raised: each message the broker
+  refused (charged an attempt), and each pass a broker outage ended (charged to nobody; counted
+  on the queue of the message being published). A broker that stays down counts one failure per
+  retry of the relay's loop.
+* ``sqla_outbox_dead_letters_total{queue}``: messages that became dead letters.
+* ``sqla_outbox_publish_delay_seconds`` (histogram): from ``staged_at`` to the relay's report of
+  the publish, per published message; retries and their backoff included. ``staged_at`` comes
+  from the clock of whoever staged the row, the report from the relay host's: clock skew shows
+  here (a negative delay counts as 0).
+* ``sqla_outbox_pending_messages``, ``sqla_outbox_dead_messages``,
+  ``sqla_outbox_oldest_pending_age_seconds`` (gauges): the numbers ``sqla-outbox status`` shows
+  as pending (dead letters included), dead letters, and the oldest pending message's age (0
+  when nothing is pending; a dead letter keeps it growing until it is retried or discarded).
+
+**What the gauges cost.** They come from one statement
+(:func:`~sqla_outbox.queries.backlog_stmt`, restricted to unpublished rows) run when the
+registry is collected, i.e. on a scrape, and at most once per :data:`BACKLOG_INTERVAL` seconds
+whatever the number of scrapers: a collection within that interval of the last query serves its
+numbers, and concurrent scrapes wait for the one query in flight. Nothing queries when nobody
+scrapes. If the query fails the gauges are left out of that scrape (and the failure logged as
+``event=metrics.backlog_failed``) rather than served stale: ``absent()`` alerts on it.
+
+**Several relays, one registry.** The metrics of a registry are created once and shared by every
+relay recording into it, so two relays in one process on the default registry do not collide
+(prometheus_client refuses a second metric of the same name with "Duplicated timeseries").
+Counters and the histogram add up over the relays. The gauges describe the outbox tables those
+relays serve: one query per distinct database URL, pending and dead summed, the oldest age the
+largest. A relay stops counting towards the gauges once it has been garbage-collected.
+
+The trap: a registry given to the relay is the one to serve (``generate_latest(registry)``,
+``sqla-outbox relay --metrics-port``); metrics recorded in a private ``CollectorRegistry`` do not
+appear on the default one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from sqlalchemy import Engine, func, select
+
+from sqla_outbox import queries
+from sqla_outbox.engines import hide_password
+from sqla_outbox.logs import log_event
+from sqla_outbox.observers import PassReport
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+    from sqla_outbox.relay import Relay
+
+__all__ = [
+    "BACKLOG_INTERVAL",
+    "DELAY_BUCKETS",
+    "PROMETHEUS_MISSING",
+    "Backlog",
+    "BacklogNumbers",
+    "Registry",
+    "RelayMetrics",
+    "metrics_for",
+    "prometheus_available",
+    "read_backlog",
+    "relay_metrics",
+]
+
+log = logging.getLogger("sqla_outbox.metrics")
+
+Registry: TypeAlias = "CollectorRegistry"
+"""prometheus_client's ``CollectorRegistry``, named without importing it at run time."""
+
+PROMETHEUS_MISSING = (
+    "Prometheus metrics need the prometheus-client package, which is not installed. Install it "
+    'with pip install "sqla-outbox[prometheus]".'
+)
+
+BACKLOG_INTERVAL = 5.0
+"""Seconds: the backlog gauges are queried at most this often, however often they are scraped."""
+
+DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+"""Upper bounds, in seconds, of ``sqla_outbox_publish_delay_seconds``: a healthy relay publishes
+within a poll interval or two; retry backoffs (up to ``retry_max``, 300 s by default) and
+outages land in the long buckets."""
+
+
+def prometheus_available() -> bool:
+    """Whether ``prometheus_client`` can be imported (without importing it)."""
+    return importlib.util.find_spec("prometheus_client") is not None
+
+
+# --- the backlog gauges ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogNumbers:
+    """What :func:`~sqla_outbox.queries.backlog_stmt` returned, summed over databases."""
+
+    pending: int
+    dead: int
+    oldest_age_seconds: float
+
+
+def read_backlog(engine: Engine) -> BacklogNumbers:
+    """Run :func:`~sqla_outbox.queries.backlog_stmt` once on ``engine``.
+
+    Ages are measured on the database's clock on PostgreSQL (as ``sqla-outbox status`` does),
+    on this host's on SQLite.
+    """
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            now: dt.datetime = conn.execute(select(func.now())).scalar_one()
+        else:
+            now = dt.datetime.now(dt.timezone.utc)
+        row = conn.execute(queries.backlog_stmt()).one()
+        conn.rollback()
+    oldest = row.oldest_staged_at
+    age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+    return BacklogNumbers(int(row.pending), int(row.dead), age)
+
+
+class Backlog:
+    """The gauges' collector: one query per database at most every ``interval`` seconds.
+
+    Registered once per registry; :meth:`watch` adds a relay whose database the gauges cover
+    (held weakly). :meth:`collect` is what prometheus_client calls on each scrape.
+    """
+
+    def __init__(
+        self,
+        interval: float = BACKLOG_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+        read: Callable[[Engine], BacklogNumbers] = read_backlog,
+    ) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._read = read
+        self._relays: weakref.WeakSet[Relay] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._numbers: BacklogNumbers | None = None
+
+    def watch(self, relay: Relay) -> None:
+        """Cover ``relay``'s database from the next query on."""
+        with self._lock:
+            self._relays.add(relay)
+            self._read_at = None  # a new database: do not serve numbers that leave it out
+
+    def numbers(self) -> BacklogNumbers | None:
+        """The backlog, queried now if the last query is ``interval`` old; ``None`` if the query
+        failed or no relay is watched."""
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self.interval:
+                self._read_at = now
+                self._numbers = self._query()
+            return self._numbers
+
+    def _query(self) -> BacklogNumbers | None:
+        engines: dict[str, Engine] = {}
+        for relay in list(self._relays):
+            engines.setdefault(relay.engine.url.render_as_string(hide_password=False), relay.engine)
+        if not engines:
+            return None
+        pending = dead = 0
+        oldest = 0.0
+        for engine in engines.values():
+            try:
+                numbers = self._read(engine)
+            except Exception as error:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "metrics.backlog_failed",
+                    url=hide_password(engine.url),
+                    retry_in=self.interval,
+                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                )
+                return None
+            pending += numbers.pending
+            dead += numbers.dead
+            oldest = max(oldest, numbers.oldest_age_seconds)
+        return BacklogNumbers(pending, dead, oldest)
+
+    def describe(self) -> Iterable[Metric]:
+        """The gauges without samples: lets a registry check names without a query."""
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[Metric]:
+        """The gauges, from the database (at most once per ``interval``)."""
+        numbers = self.numbers()
+        if numbers is None:
+            return []
+        return list(self._families(numbers))
+
+    @staticmethod
+    def _families(numbers: BacklogNumbers | None) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415 - optional extra
+
+        gauges = (
+            ("sqla_outbox_pending_messages", "Unpublished outbox messages, dead letters included."),
+            ("sqla_outbox_dead_messages", "Dead letters: unpublished messages no relay retries."),
+            (
+                "sqla_outbox_oldest_pending_age_seconds",
+                "Age of the oldest unpublished message (0 when there is none).",
+            ),
+        )
+        values = (
+            (None, None, None)
+            if numbers is None
+            else (numbers.pending, numbers.dead, numbers.oldest_age_seconds)
+        )
+        for (name, documentation), value in zip(gauges, values, strict=True):
+            yield GaugeMetricFamily(name, documentation, value=value)
+
+
+# --- the counters and the histogram ------------------------------------------------------------
+
+
+class RelayMetrics:
+    """The metrics of one registry; also the :class:`~sqla_outbox.observers.PassObserver` every
+    relay recording into that registry subscribes.
+
+    Thread-safe: relays on several threads report to one instance, and prometheus_client's
+    values take their own locks.
+    """
+
+    def __init__(self, registry: Registry) -> None:
+        from prometheus_client import Counter, Histogram  # noqa: PLC0415 - optional extra
+
+        self.registry = registry
+        self.published = Counter(
+            "sqla_outbox_published_total",
+            "Messages published to the broker.",
+            ["queue"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "sqla_outbox_publish_failures_total",
+            "Publishes that raised: messages the broker refused, and broker outages.",
+            ["queue"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "sqla_outbox_dead_letters_total",
+            "Messages that became dead letters.",
+            ["queue"],
+            registry=registry,
+        )
+        self.delay = Histogram(
+            "sqla_outbox_publish_delay_seconds",
+            "Seconds from staging a message to publishing it.",
+            buckets=DELAY_BUCKETS,
+            registry=registry,
+        )
+        self.backlog = Backlog()
+        registry.register(self.backlog)
+
+    def pass_done(self, report: PassReport) -> None:
+        """Count what the pass published, failed and sent to the dead letters."""
+        outcome = report.outcome
+        if outcome.published:
+            now = time.time()
+            observe = self.delay.observe
+            published: dict[str, int] = {}
+            for message in outcome.published:
+                published[message.queue] = published.get(message.queue, 0) + 1
+                delay = now - message.staged_at.timestamp()
+                observe(delay if delay > 0 else 0.0)
+            for queue, count in published.items():
+                self.published.labels(queue).inc(count)
+        for message, _error in outcome.failed:
+            self.failures.labels(message.queue).inc()
+        if outcome.outage is not None and outcome.handed_back:
+            self.failures.labels(outcome.handed_back[0].queue).inc()
+        for message in report.dead:
+            self.dead_letters.labels(message.queue).inc()
+
+
+_BY_REGISTRY: weakref.WeakKeyDictionary[Any, RelayMetrics] = weakref.WeakKeyDictionary()
+_BY_REGISTRY_LOCK = threading.Lock()
+
+
+def metrics_for(registry: Registry | None = None) -> RelayMetrics:
+    """The metrics of ``registry`` (default: prometheus_client's ``REGISTRY``), created and
+    registered on first use. Raises ``ModuleNotFoundError`` without prometheus_client."""
+    if registry is None:
+        from prometheus_client import REGISTRY  # noqa: PLC0415 - optional extra
+
+        registry = REGISTRY
+    with _BY_REGISTRY_LOCK:
+        metrics = _BY_REGISTRY.get(registry)
+        if metrics is None:
+            metrics = _BY_REGISTRY[registry] = RelayMetrics(registry)
+        return metrics
+
+
+def relay_metrics(relay: Relay, registry: Registry | None) -> RelayMetrics | None:
+    """What ``Relay.__init__`` subscribes: the registry's metrics, with the relay's database
+    added to the gauges; ``None`` (nothing to subscribe) without prometheus_client."""
+    if registry is None and not prometheus_available():
+        return None
+    metrics = metrics_for(registry)
+    metrics.backlog.watch(relay)
+    return metrics

@@ -1,0 +1,183 @@
+"""Publish one claim in order, and sort what happened into what the relay must write back.
+
+The claim arrives in claim order and already respects every promise across claims (see
+:func:`sqla_outbox.queries.claim_stmt`); inside the pass the same promises hold:
+
+* ``order="key"``: a failed message holds back only the later messages of its own transaction
+  (its ``staged_at``) and of its ``ordering_key``; every other message of the claim is still
+  published. The held-back ones are handed back uncharged and parked: the next claims pass
+  them by (instead of filling every batch with them) until the failed message is published.
+* ``order="strict"``: the first failure ends the pass and hands back everything after it.
+* A broker **outage** (:func:`is_outage`) ends the pass and charges nobody: every message not yet
+  confirmed is handed back, and the relay backs off as a whole.
+* A graceful stop, or a claim whose lease was lost (:mod:`sqla_outbox.renewal`), ends the pass
+  before the next message: nothing more of it is published.
+* ``KeyboardInterrupt`` and ``SystemExit`` end the pass like a graceful stop and are re-raised
+  by the relay once the pass is settled. Every other ``BaseException`` (an
+  ``asyncio.CancelledError`` escaping a client) is a failed publish of that message.
+
+A batch publisher (``publish_batch``) gets the whole claim; a partial confirmation
+(``error.published = k``) publishes the first ``k``, charges message ``k`` and, in key order,
+sends what it did not hold back in another batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sqla_outbox.errors import BrokerUnavailableError
+from sqla_outbox.message import OutboxMessage
+
+__all__ = ["ENDS_PROCESS", "PassOutcome", "is_outage", "publish_claim"]
+
+ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
+"""What a publisher may raise that is not a failed publish but a request to stop."""
+
+
+def is_outage(error: BaseException) -> bool:
+    """The broker could not be reached: a :class:`BrokerUnavailableError`, or caused by one."""
+    return isinstance(error, BrokerUnavailableError) or isinstance(
+        error.__cause__, BrokerUnavailableError
+    )
+
+
+def _confirmed(error: BaseException, sent: int) -> int:
+    """How many messages of a batch of ``sent`` the error says went out, clamped to the batch."""
+    published = getattr(error, "published", 0)
+    if not isinstance(published, int) or isinstance(published, bool):
+        return 0
+    return max(0, min(published, sent))
+
+
+@dataclass
+class PassOutcome:
+    """What publishing one claim came to; every claimed message is in exactly one list."""
+
+    published: list[OutboxMessage] = field(default_factory=list)
+    failed: list[tuple[OutboxMessage, BaseException]] = field(default_factory=list)
+    """Messages the broker refused: each is charged an attempt."""
+    handed_back: list[OutboxMessage] = field(default_factory=list)
+    """Messages not published and not to blame: released at once, uncharged."""
+    held_back: list[OutboxMessage] = field(default_factory=list)
+    """Messages held back by a failure in this pass (order="key"): released uncharged and
+    parked, so the next claims pass them by until the failed message is published."""
+    outage: BaseException | None = None
+    stop: BaseException | None = None
+    """A ``KeyboardInterrupt``/``SystemExit`` to raise once the pass is settled."""
+
+    @property
+    def complete(self) -> bool:
+        """Every message of the claim was published."""
+        return not (self.failed or self.handed_back or self.held_back or self.outage or self.stop)
+
+
+class _Holds:
+    """The transactions and keys a failure in this pass holds back (order="key")."""
+
+    def __init__(self) -> None:
+        self.groups: set[dt.datetime] = set()
+        self.keys: set[str] = set()
+
+    def add(self, message: OutboxMessage) -> None:
+        self.groups.add(message.staged_at)
+        if message.ordering_key is not None:
+            self.keys.add(message.ordering_key)
+
+    def holds(self, message: OutboxMessage) -> bool:
+        return message.staged_at in self.groups or (
+            message.ordering_key is not None and message.ordering_key in self.keys
+        )
+
+
+def publish_claim(
+    messages: Sequence[OutboxMessage],
+    publish: Callable[[OutboxMessage], object],
+    publish_batch: Callable[[Sequence[OutboxMessage]], object] | None,
+    *,
+    strict: bool,
+    should_stop: Callable[[], bool],
+) -> PassOutcome:
+    """Publish ``messages`` in order under the rules of the module documentation."""
+    if publish_batch is not None:
+        return _publish_batches(messages, publish_batch, strict=strict, should_stop=should_stop)
+    outcome = PassOutcome()
+    holds = _Holds()
+    for index, message in enumerate(messages):
+        if should_stop():
+            outcome.handed_back.extend(messages[index:])
+            break
+        if holds.groups and holds.holds(message):
+            # What waits holds back what waits for it: its own transaction and key too.
+            holds.add(message)
+            outcome.held_back.append(message)
+            continue
+        try:
+            publish(message)
+        except BaseException as error:  # all of them: see the module documentation
+            if isinstance(error, ENDS_PROCESS) or is_outage(error):
+                outcome.handed_back.extend(messages[index:])
+                _ended(outcome, error)
+                break
+            outcome.failed.append((message, error))
+            if strict:
+                outcome.handed_back.extend(messages[index + 1 :])
+                break
+            holds.add(message)
+            continue
+        outcome.published.append(message)
+    return outcome
+
+
+def _ended(outcome: PassOutcome, error: BaseException) -> None:
+    if isinstance(error, ENDS_PROCESS):
+        outcome.stop = error
+    else:
+        outcome.outage = error
+
+
+def _publish_batches(
+    messages: Sequence[OutboxMessage],
+    publish_batch: Callable[[Sequence[OutboxMessage]], object],
+    *,
+    strict: bool,
+    should_stop: Callable[[], bool],
+) -> PassOutcome:
+    outcome = PassOutcome()
+    holds = _Holds()
+    batch = list(messages)
+    while batch:
+        if should_stop():
+            outcome.handed_back.extend(batch)
+            break
+        try:
+            publish_batch(batch)
+        except BaseException as error:  # all of them: see the module documentation
+            # Only what the error says was confirmed counts as published; anything else is
+            # published again later (at least once), never lost.
+            ended = isinstance(error, ENDS_PROCESS) or is_outage(error)
+            confirmed = _confirmed(error, len(batch) if ended else len(batch) - 1)
+            outcome.published.extend(batch[:confirmed])
+            if ended:
+                outcome.handed_back.extend(batch[confirmed:])
+                _ended(outcome, error)
+                break
+            failed = batch[confirmed]
+            outcome.failed.append((failed, error))
+            rest = batch[confirmed + 1 :]
+            if strict:
+                outcome.handed_back.extend(rest)
+                break
+            holds.add(failed)
+            batch = []
+            for message in rest:
+                if holds.holds(message):
+                    holds.add(message)
+                    outcome.held_back.append(message)
+                else:
+                    batch.append(message)
+            continue
+        outcome.published.extend(batch)
+        break
+    return outcome

@@ -1,0 +1,492 @@
+"""One bad message never stops the world: keys, per-row retries, dead letters, outages, renewal.
+
+Every test runs on PostgreSQL and on SQLite through real connections unless it needs row locks
+(two relays at once). Backoffs are expired by writing ``retry_at`` into the past, and relays
+are held mid-pass by publishers that wait on events: no test sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
+from support import REPO, MakeRelay, cli_env, url_of, wait_until
+
+import sqla_outbox as outbox
+from sqla_outbox.message import OutboxMessage
+
+Row = outbox.OutboxRow
+WAIT = 30.0
+
+
+# --- staging and reading ---------------------------------------------------------------------
+
+
+def stage_each(
+    engine: Engine, specs: Iterable[tuple[str, str | None]], *, per_transaction: int = 1
+) -> list[OutboxMessage]:
+    """Commit one message per ``(job, ordering_key)``, ``per_transaction`` to a transaction."""
+    specs = list(specs)
+    messages: list[OutboxMessage] = []
+    for start in range(0, len(specs), per_transaction):
+        with Session(engine) as session:
+            for job, key in specs[start : start + per_transaction]:
+                messages.append(outbox.enqueue(session, job, {"job": job}, ordering_key=key))
+            session.commit()
+    return messages
+
+
+def rows(engine: Engine) -> dict[str, Any]:
+    """Every row by job name, as it is now."""
+    with Session(engine) as session:
+        return {row.job: row for row in session.scalars(select(Row))}
+
+
+def expire_backoffs(engine: Engine) -> None:
+    """Let every retry backoff end now, as if its time had passed."""
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    with engine.begin() as conn:
+        conn.execute(update(Row).where(Row.retry_at.is_not(None)).values(retry_at=past))
+
+
+class Broker:
+    """Records what was published, in order; refuses the jobs in ``refuse`` (until removed),
+    counting every attempt per job."""
+
+    def __init__(self, refuse: Iterable[str] = (), *, outage: Callable[[], bool] | None = None):
+        self.refuse = set(refuse)
+        self.outage = outage
+        self.published: list[str] = []
+        self.attempts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def __call__(self, message: OutboxMessage) -> None:
+        with self.lock:
+            self.attempts[message.job] += 1
+            if self.outage is not None and self.outage():
+                raise outbox.BrokerUnavailableError("connection refused")
+            if message.job in self.refuse:
+                raise RuntimeError(f"broker refused {message.job}")
+            self.published.append(message.job)
+
+
+def drain_until(relay: outbox.Relay, engine: Engine, done: Callable[[], bool]) -> None:
+    """Drain, expiring backoffs between drains, until ``done`` (bounded)."""
+    for _ in range(100):
+        relay.drain()
+        if done():
+            return
+        expire_backoffs(engine)
+    raise AssertionError("the relay never got there")
+
+
+# --- poison messages and dead letters ----------------------------------------------------------
+
+
+def test_a_poison_message_is_tried_max_attempts_then_dead_while_199_flow(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """200 single-message transactions, message 50 always refused: the other 199 are published
+    (most in the first drain), message 50 is tried exactly max_publish_attempts times, and it
+    ends as a dead letter that no relay claims again."""
+    stage_each(engine, ((f"m{n}", None) for n in range(200)))
+    broker = Broker(refuse={"m50"})
+    relay = make_relay(engine, broker, batch_size=20, max_publish_attempts=3)
+
+    first = relay.drain()
+    assert first.published == 199 and first.failed
+    drain_until(relay, engine, lambda: rows(engine)["m50"].dead_at is not None)
+    for _ in range(3):  # a dead letter is never claimed again, backoff or not
+        expire_backoffs(engine)
+        relay.drain()
+
+    assert broker.attempts["m50"] == 3
+    assert sorted(broker.published) == sorted(f"m{n}" for n in range(200) if n != 50)
+    dead = rows(engine)["m50"]
+    assert (dead.attempts, dead.published_at) == (3, None)
+    assert dead.last_error == "RuntimeError: broker refused m50"
+    assert [letter.message.job for letter in outbox.dead_letters(engine)] == ["m50"]
+
+
+def test_a_failed_row_waits_out_its_backoff(engine: Engine, make_relay: MakeRelay) -> None:
+    """A failed row is not retried before its backoff has passed, however often the relay
+    claims; once it has, it is retried, and its attempts and error are on the row meanwhile."""
+    stage_each(engine, [("bad", None), ("good", None)])
+    broker = Broker(refuse={"bad"})
+    relay = make_relay(engine, broker, retry_base=3600, retry_max=7200)
+
+    relay.drain()
+    before = dt.datetime.now(dt.timezone.utc)
+    for _ in range(3):
+        relay.drain()
+    failed = rows(engine)["bad"]
+    assert broker.attempts["bad"] == 1
+    assert failed.attempts == 1 and failed.retry_at > before + dt.timedelta(minutes=59)
+    assert broker.published == ["good"]
+
+    broker.refuse.clear()
+    expire_backoffs(engine)
+    relay.drain()
+    assert broker.published == ["good", "bad"]
+    assert rows(engine)["bad"].published_at is not None
+
+
+def test_backoff_doubles_and_is_capped(engine: Engine, make_relay: MakeRelay) -> None:
+    """Each failure waits min(retry_base * 2 ** (attempts - 1), retry_max), on the row."""
+    stage_each(engine, [("bad", None)])
+    relay = make_relay(engine, Broker(refuse={"bad"}), retry_base=10, retry_max=35)
+    waits = []
+    for _ in range(4):
+        before = dt.datetime.now(dt.timezone.utc)
+        relay.drain()
+        waits.append((rows(engine)["bad"].retry_at - before).total_seconds())
+        expire_backoffs(engine)
+    assert [round(w / 5) * 5 for w in waits] == [10, 20, 35, 35]
+
+
+# --- ordering keys and transactions ------------------------------------------------------------
+
+
+def test_a_failing_key_holds_back_only_itself(engine: Engine, make_relay: MakeRelay) -> None:
+    """Keys A and B interleaved, A's third message failing: all of B is published meanwhile,
+    A stops at its failed message; once it goes through, the rest of A follows in order."""
+    specs = [(f"{key}{n}", key) for n in range(10) for key in "AB"]
+    stage_each(engine, specs)
+    broker = Broker(refuse={"A2"})
+    relay = make_relay(engine, broker, batch_size=4)
+
+    result = relay.drain()
+    assert result.failed
+    assert [job for job in broker.published if job[0] == "B"] == [f"B{n}" for n in range(10)]
+    assert [job for job in broker.published if job[0] == "A"] == ["A0", "A1"]
+
+    broker.refuse.clear()
+    expire_backoffs(engine)
+    relay.drain()
+    assert [job for job in broker.published if job[0] == "A"] == [f"A{n}" for n in range(10)]
+
+
+@pytest.mark.parametrize("order", ["key", "strict"])
+def test_a_transaction_never_overtakes_its_failed_message(
+    engine: Engine, make_relay: MakeRelay, order: str
+) -> None:
+    """One transaction's later messages wait for its failed one, in both orders; an unrelated
+    transaction after it flows in key order and waits in strict order."""
+    stage_each(engine, [("t1", None), ("t2", None), ("t3", None)], per_transaction=3)
+    stage_each(engine, [("other", None)])
+    broker = Broker(refuse={"t2"})
+    relay = make_relay(engine, broker, order=order)
+
+    for _ in range(2):
+        relay.drain()
+    expected = ["t1", "other"] if order == "key" else ["t1"]
+    assert broker.published == expected
+
+    broker.refuse.clear()
+    expire_backoffs(engine)
+    relay.drain()
+    assert broker.published == [*expected, "t2", "t3", *(["other"] if order == "strict" else [])]
+
+
+def test_strict_order_lets_nothing_overtake_a_failed_message(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """order="strict": after a failure nothing later is published, whatever its key or
+    transaction, until the failed message is (the seed's total order)."""
+    stage_each(engine, [("a", "k1"), ("b", "k2"), ("c", None), ("d", "k1")])
+    broker = Broker(refuse={"b"})
+    relay = make_relay(engine, broker, order="strict")
+
+    for _ in range(3):
+        relay.drain()
+    assert broker.published == ["a"]
+    broker.refuse.clear()
+    expire_backoffs(engine)
+    relay.drain()
+    assert broker.published == ["a", "b", "c", "d"]
+
+
+def test_a_failing_head_does_not_crowd_other_keys_out(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Key A's head always fails and 40 more A messages wait behind it, ahead of 40 B
+    messages; with a backoff that is always over, every claim could fill up with A. B is
+    published all the same, within a handful of passes, and A behind its head is not tried."""
+    specs = [("A-head", "A")] + [(f"A{n}", "A") for n in range(40)]
+    specs += [(f"B{n}", "B") for n in range(40)]
+    stage_each(engine, specs)
+    broker = Broker(refuse={"A-head"})
+    relay = make_relay(engine, broker, batch_size=10, max_publish_attempts=None)
+
+    for _ in range(12):
+        relay.run_pass()
+        expire_backoffs(engine)
+    assert broker.published == [f"B{n}" for n in range(40)]
+    assert set(broker.attempts) == {"A-head", *(f"B{n}" for n in range(40))}
+
+
+# --- outages -----------------------------------------------------------------------------------
+
+
+def test_a_broker_outage_charges_nobody(engine: Engine, make_relay: MakeRelay) -> None:
+    """While the broker is unreachable no row is charged or dead-lettered, however many passes
+    fail (max_publish_attempts=1); once it is back, everything is published, in order."""
+    stage_each(engine, ((f"m{n}", None) for n in range(5)))
+    down = True
+    broker = Broker(outage=lambda: down)
+    relay = make_relay(engine, broker, max_publish_attempts=1)
+
+    for _ in range(5):
+        result = relay.run_pass()
+        assert result.outage and result.published == 0
+    assert all(
+        (row.attempts, row.dead_at, row.claimed_by, row.last_error) == (0, None, None, None)
+        for row in rows(engine).values()
+    )
+    down = False
+    assert relay.drain().published == 5
+    assert broker.published == [f"m{n}" for n in range(5)]
+
+
+def test_the_loop_backs_off_during_an_outage_and_publishes_after(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A running relay meets an outage: it backs off as a whole, charges nobody, and publishes
+    everything once the broker answers again."""
+    stage_each(engine, ((f"m{n}", None) for n in range(5)))
+    outage = threading.Event()
+    outage.set()
+    broker = Broker(outage=outage.is_set)
+    relay = make_relay(engine, broker, poll_interval=0.05, max_publish_attempts=1)
+    relay.max_backoff = 0.1
+    relay.start()
+    wait_until(lambda: broker.attempts["m0"] >= 3, "three passes into the outage")
+    outage.clear()
+    wait_until(lambda: len(broker.published) == 5, "everything published after the outage")
+    relay.stop()
+    assert all(row.attempts == 0 for row in rows(engine).values())
+
+
+# --- several relays ----------------------------------------------------------------------------
+
+
+def test_a_second_relay_finds_work_behind_a_transaction_the_first_is_publishing(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Relay A is publishing the first 50 rows of a 100-row transaction (blocked mid-publish);
+    20 single-message transactions come after it. Relay B's next pass takes all 20, instead of
+    finding only rows that must wait for A."""
+    stage_each(pg_engine, ((f"big{n}", None) for n in range(100)), per_transaction=100)
+    stage_each(pg_engine, ((f"later{n}", None) for n in range(20)))
+    inside, release = threading.Event(), threading.Event()
+
+    def blocked(message: OutboxMessage) -> None:
+        inside.set()
+        assert release.wait(WAIT)
+
+    relay_a = make_relay(pg_engine, blocked, batch_size=50, relay_id="A")
+    worker = threading.Thread(target=relay_a.tick)
+    worker.start()
+    try:
+        assert inside.wait(WAIT)
+        broker = Broker()
+        relay_b = make_relay(pg_engine, broker, batch_size=50, relay_id="B")
+        assert relay_b.tick() == 20
+        assert broker.published == [f"later{n}" for n in range(20)]
+    finally:
+        release.set()
+        worker.join(WAIT)
+
+
+def test_two_relays_with_a_lease_shorter_than_a_pass_publish_each_message_once(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """claim_lease=1 and a publisher taking 0.35 s a message (2.1 s a pass of 6): renewal keeps
+    each claim alive, so two relays publish each of 12 messages exactly once."""
+    stage_each(pg_engine, ((f"m{n}", None) for n in range(12)))
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def slow(message: OutboxMessage) -> None:
+        time.sleep(0.35)  # the workload: a slow broker, not synchronisation
+        with lock:
+            seen[message.job] += 1
+
+    relays = [
+        make_relay(pg_engine, slow, batch_size=6, claim_lease=1, poll_interval=0.05)
+        for _ in range(2)
+    ]
+    for relay in relays:
+        relay.start()
+    wait_until(lambda: sum(seen.values()) >= 12, "12 publishes")
+    wait_until(lambda: all(r.published_at for r in rows(pg_engine).values()), "12 marks")
+    for relay in relays:
+        relay.stop()
+    assert seen == Counter({f"m{n}": 1 for n in range(12)})
+
+
+def test_a_claim_lost_mid_pass_publishes_nothing_more(
+    engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When renewal finds the claim taken over (its lease lapsed and another relay holds the
+    rows), the pass publishes nothing more from it."""
+    stage_each(engine, ((f"m{n}", None) for n in range(3)), per_transaction=3)
+    lost = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = getattr(record, "outbox_fields", {})
+            event = getattr(record, "outbox_event", "")
+            if event == "relay.claim_lost" and fields.get("action") == "renew":
+                lost.set()
+
+    published: list[str] = []
+
+    def publish(message: OutboxMessage) -> None:
+        if not published:
+            # Another relay takes the rows over while this one is publishing the first.
+            with engine.begin() as conn:
+                conn.execute(update(Row).values(claimed_by="other:0000000000000000"))
+            assert lost.wait(WAIT), "renewal did not notice the lost claim"
+        published.append(message.job)
+
+    handler = Watch()
+    logging.getLogger("sqla_outbox.relay").addHandler(handler)
+    try:
+        relay = make_relay(engine, publish, claim_lease=0.3)
+        relay.tick()
+    finally:
+        logging.getLogger("sqla_outbox.relay").removeHandler(handler)
+    assert published == ["m0"]
+    assert all(row.published_at is None for row in rows(engine).values())
+
+
+def test_renewal_ends_with_the_pass(engine: Engine, make_relay: MakeRelay) -> None:
+    """A finished pass is never renewed: after it settles, its rows' claimed_at stays put."""
+    stage_each(engine, [("only", None)])
+    relay = make_relay(
+        engine, Broker(refuse={"only"}), claim_lease=0.3, retry_base=3600, retry_max=3600
+    )
+    relay.tick()
+    failed = rows(engine)["only"]
+    assert (failed.claimed_by, failed.claimed_at) == (None, None)
+    # The renewal thread has nothing left to renew.
+    assert relay._renewal._claim is None
+
+
+def test_dead_letters_are_listed_with_their_message(engine: Engine, make_relay: MakeRelay) -> None:
+    """outbox.dead_letters lists each dead letter's message, attempts, error and time."""
+    (message,) = stage_each(engine, [("poison", "k")])
+    relay = make_relay(engine, Broker(refuse={"poison"}), max_publish_attempts=1)
+    relay.drain()
+    [letter] = outbox.dead_letters(engine)
+    assert letter.message.id == message.id and letter.message.ordering_key == "k"
+    assert letter.attempts == 1 and "broker refused poison" in str(letter.last_error)
+    assert letter.dead_at is not None
+
+
+def _ids(messages: list[OutboxMessage]) -> list[uuid.UUID]:
+    return [m.id for m in messages]
+
+
+# --- a relay killed mid-batch while another runs -----------------------------------------------
+
+
+def _read_record(path: Any) -> list[uuid.UUID]:
+    if not path.exists():
+        return []
+    # The last line may be half-written at the instant of the kill; only whole lines count.
+    return [uuid.UUID(line) for line in path.read_text("utf-8").split("\n")[:-1] if line]
+
+
+def test_sigkill_with_two_relays_keeps_every_key_in_order(
+    pg_engine: Engine, make_relay: MakeRelay, tmp_path: Any
+) -> None:
+    """Three ordering keys, 20 single-message transactions each, interleaved. A relay process and
+    an in-process relay publish them at once, into one append-only record; the process is
+    killed with SIGKILL mid-batch. Every message is published, and within each key the first
+    publication of every message follows its predecessor's: neither the second relay nor the
+    takeover after the lease lapsed let a message overtake an earlier one of its key."""
+    specs = [(f"{key}{n}", key) for n in range(20) for key in "xyz"]
+    staged = stage_each(pg_engine, specs)
+    record = tmp_path / "published.txt"
+
+    def append(message: OutboxMessage) -> None:
+        with open(record, "a", encoding="utf-8") as out:
+            out.write(f"{message.id}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        time.sleep(0.02)  # a broker call's duration, so passes overlap; not synchronisation
+
+    env = cli_env(url=url_of(pg_engine), test_record=str(record))
+    command = [
+        sys.executable, "-m", "sqla_outbox.cli", "relay", "--claim-lease", "2",
+        "--batch-size", "5", "--poll-interval", "0.05", "--relay-id", "doomed",
+        "--publisher", "tests.publishers_for_tests:slow_recorder",
+    ]  # fmt: skip
+    survivor = make_relay(pg_engine, append, batch_size=5, claim_lease=2, poll_interval=0.05)
+    with subprocess.Popen(
+        command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    ) as proc:
+        survivor.start()
+        try:
+            wait_until(lambda: len(_read_record(record)) >= 15, "both relays to publish")
+        finally:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == -9
+    wait_until(lambda: survivor.pending() == 0, "the survivor to finish the dead relay's rows")
+    survivor.stop()
+
+    order = _read_record(record)
+    assert set(order) == {m.id for m in staged}
+    first = {}
+    for position, message_id in enumerate(order):
+        first.setdefault(message_id, position)
+    for key in "xyz":
+        keyed = [m.id for m in staged if m.ordering_key == key]
+        positions = [first[message_id] for message_id in keyed]
+        assert positions == sorted(positions), f"key {key} published out of order"
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_held_back_message_holds_back_its_own_transaction(
+    engine: Engine, make_relay: MakeRelay, batch: bool
+) -> None:
+    """D (key K) is refused; a later transaction commits L (key K), then M (no key). L waits for
+    D, and M waits for L, its transaction's earlier message: nothing of that transaction is
+    published in the pass, through publish and through publish_batch alike."""
+    stage_each(engine, [("D", "K")])
+    stage_each(engine, [("L", "K"), ("M", None)], per_transaction=2)
+    broker = Broker(refuse={"D"})
+
+    class Batches:
+        def publish(self, message: OutboxMessage) -> None:
+            broker(message)
+
+        def publish_batch(self, messages: list[OutboxMessage]) -> None:
+            for done, message in enumerate(messages):
+                try:
+                    broker(message)
+                except RuntimeError as error:
+                    raise outbox.PublishError(str(error), published=done) from error
+
+    relay = make_relay(engine, Batches() if batch else broker, retry_base=60, retry_max=60)
+    relay.tick()
+    assert broker.published == []
+    broker.refuse.clear()
+    expire_backoffs(engine)
+    relay.drain()
+    assert broker.published == ["D", "L", "M"]

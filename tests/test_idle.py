@@ -1,0 +1,100 @@
+"""An idle relay costs almost nothing while LISTEN is up, and still comes back in time.
+
+While its LISTEN connection is up every commit wakes the relay, so the idle loop only has to
+come back for what no commit announces: a scheduled ``run_at`` or a retry backoff coming due, a
+claim's lease lapsing, parked rows to sweep. These tests ask the loop how long it would wait
+(``_idle_wait``) in each situation; none of them waits for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session
+from support import MakeRelay, wait_until
+
+import sqla_outbox as outbox
+from sqla_outbox.relay import IDLE_MAX, SWEEP_INTERVAL
+
+
+def _listening(make_relay: MakeRelay, engine: Engine, **options: object) -> outbox.Relay:
+    relay = make_relay(engine, lambda message: None, **options)
+    relay.start()
+    listener = relay._listener
+    assert listener is not None
+    wait_until(listener.listening.is_set, "the relay to LISTEN")
+    return relay
+
+
+def test_an_idle_relay_with_listen_up_waits_long(pg_engine: Engine, make_relay: MakeRelay) -> None:
+    """Nothing pending and LISTEN up: the loop waits IDLE_MAX (or half its liveness bound),
+    not poll_interval: one claim every 20-30 s instead of five a second."""
+    relay = _listening(make_relay, pg_engine)
+    expected = min(IDLE_MAX, relay.liveness_bound / 2)
+    assert relay._idle_wait() == expected
+    assert expected >= 20 * relay.poll_interval
+
+
+def test_the_wait_ends_when_a_scheduled_row_comes_due(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A row scheduled 5 s ahead (no commit will announce it coming due): the idle loop comes
+    back in 5 s at most."""
+    relay = _listening(make_relay, pg_engine)
+    with Session(pg_engine) as session:
+        outbox.enqueue(session, "later", run_at=dt.timedelta(seconds=5))
+        session.commit()
+    assert 3.0 < relay._idle_wait() <= 5.0
+
+
+def test_the_wait_ends_when_a_backoff_or_a_lease_ends(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A row backing off for 8 s, and another claimed by a relay that stopped 2 s before its
+    6 s lease ends: the idle loop comes back for the earlier, the lease, at most 4 s away."""
+    relay = _listening(make_relay, pg_engine, claim_lease=6)
+    with Session(pg_engine) as session:
+        backing_off = outbox.enqueue(session, "backing-off")
+        claimed = outbox.enqueue(session, "claimed")
+        session.commit()
+    now = dt.datetime.now(dt.timezone.utc)
+    with pg_engine.begin() as conn:
+        row = outbox.OutboxRow
+        conn.execute(
+            update(row)
+            .where(row.id == backing_off.id)
+            .values(attempts=1, retry_at=now + dt.timedelta(seconds=8))
+        )
+        conn.execute(
+            update(row)
+            .where(row.id == claimed.id)
+            .values(claimed_by="gone:0", claimed_at=now - dt.timedelta(seconds=2))
+        )
+    assert 2.0 < relay._idle_wait() <= 4.0
+
+
+def test_parked_rows_bring_the_sweep_back(pg_engine: Engine, make_relay: MakeRelay) -> None:
+    """Parked rows are swept every SWEEP_INTERVAL even while LISTEN is up."""
+    relay = _listening(make_relay, pg_engine)
+    with Session(pg_engine) as session:
+        head = outbox.enqueue(session, "head", ordering_key="k")
+        outbox.enqueue(session, "behind", ordering_key="k")
+        session.commit()
+    with pg_engine.begin() as conn:
+        row = outbox.OutboxRow
+        conn.execute(
+            update(row)
+            .where(row.id == head.id)
+            .values(attempts=1, dead_at=dt.datetime.now(dt.timezone.utc))
+        )
+        conn.execute(update(row).where(row.id != head.id).values(parked=True))
+    relay._sweep()  # nothing to unpark: the head is dead; resets the sweep clock
+    assert relay._idle_wait() == SWEEP_INTERVAL
+
+
+def test_polling_relays_wait_poll_interval(pg_engine: Engine, make_relay: MakeRelay) -> None:
+    """Without LISTEN (poll_only, PgBouncer) the idle loop polls every poll_interval."""
+    relay = make_relay(pg_engine, lambda message: None, poll_only=True, poll_interval=0.3)
+    relay._sweep()
+    assert relay._idle_wait() == 0.3
