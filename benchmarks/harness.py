@@ -281,6 +281,7 @@ def outbox_row(job: str, input: Any, now: dt.datetime) -> dict[str, Any]:
         "tenant_id": None,
         "traceparent": None,
         "enqueued_by": None,
+        "ordering_key": None,
     }
 
 

@@ -428,14 +428,10 @@ class ClaimStatements:
                     # The claim's ordering guard is a recursive query over the window; its cost
                     # estimate grows with the square of the window and crosses jit_above_cost
                     # at about 1,000 rows, where compiling it takes 20-800 ms of a claim that
-                    # runs in 7. And its plan is the same every time (a partial index scan in
-                    # claim order, primary-key probes), but PostgreSQL keeps choosing custom
-                    # plans for it: half a millisecond of planning per pass, a quarter of a
-                    # 100-row claim. For this connection only, reset before it goes back to
-                    # the pool (drop_connection).
-                    self._held.exec_driver_sql(
-                        "SET jit = off; SET plan_cache_mode = force_generic_plan"
-                    )
+                    # runs in 7. Off for this connection only, and reset before it goes back
+                    # to the pool (drop_connection). (force_generic_plan, which would save the
+                    # half millisecond of planning, measured slower at 1,000-row batches.)
+                    self._held.exec_driver_sql("SET jit = off")
                 try:
                     yield self._held
                 except BaseException:
@@ -453,7 +449,7 @@ class ClaimStatements:
         if held is not None:
             try:
                 if not held.invalidated:
-                    held.exec_driver_sql("RESET jit; RESET plan_cache_mode")
+                    held.exec_driver_sql("RESET jit")
                 held.close()
             except SQLAlchemyError:
                 log.debug("closing a broken relay connection failed", exc_info=True)

@@ -392,7 +392,8 @@ def relay(
     the exit (status 0). With --once it publishes what is due and exits.
 
     With --metrics-port, /healthz answers 200 while the relay has reached the database within
-    claim-lease + max(poll-interval, 10) seconds, and 503 (with the reason) otherwise.
+    claim-lease + max(poll-interval, 10) seconds, and 503 (with the reason) otherwise, including
+    under --once (a drain, not a loop: scrape /metrics then, not /healthz).
     """
     database_url = _require_url(ctx, url)
     if metrics_port is not None and not prometheus_available():

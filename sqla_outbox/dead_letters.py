@@ -47,7 +47,7 @@ from sqla_outbox import queries
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.notify import wake_local
-from sqla_outbox.preflight import check_outbox_table, engine_from_url, relay_bind
+from sqla_outbox.preflight import check_outbox_table, operator_engine
 from sqla_outbox.schema_errors import raise_if_missing_table
 
 __all__ = [
@@ -212,24 +212,10 @@ def discard_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> l
 
 
 @contextmanager
-def _engine(bind: Engine | str | URL) -> Iterator[Engine]:
-    """``bind`` as an engine: the caller's, or one of ours for a URL, disposed afterwards."""
-    resolved = relay_bind(bind)
-    if isinstance(resolved, Engine):
-        yield resolved
-        return
-    engine = engine_from_url(resolved, utc=True)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@contextmanager
 def _checked_transaction(
     bind: Engine | str | URL, privileges: Sequence[str], needed_by: str
 ) -> Iterator[Connection]:
-    with _engine(bind) as engine, raise_if_missing_table(engine), engine.begin() as conn:
+    with operator_engine(bind) as engine, raise_if_missing_table(engine), engine.begin() as conn:
         check_outbox_table(conn, privileges, needed_by=needed_by)
         yield conn
 

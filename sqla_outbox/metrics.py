@@ -31,6 +31,11 @@ numbers, and concurrent scrapes wait for the one query in flight. Nothing querie
 scrapes. If the query fails the gauges are left out of that scrape (and the failure logged as
 ``event=metrics.backlog_failed``) rather than served stale: ``absent()`` alerts on it.
 
+**What recording costs.** The counters and the histogram are fed by a
+:class:`~sqla_outbox.observers.PassObserver` on the relay's thread, once per pass: one counter
+update per queue, and the delays binned for the whole pass at once (:class:`DelayHistogram`),
+about 0.2 us per published message with claims of 100, within the noise of a drain.
+
 **Several relays, one registry.** The metrics of a registry are created once and shared by every
 relay recording into it, so two relays in one process on the default registry do not collide
 (prometheus_client refuses a second metric of the same name with "Duplicated timeseries").
@@ -45,9 +50,13 @@ appear on the default one.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import datetime as dt
 import importlib.util
 import logging
+import math
+import operator
 import threading
 import time
 import weakref
@@ -55,7 +64,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from sqla_outbox import queries
 from sqla_outbox.engines import hide_password
@@ -74,6 +83,7 @@ __all__ = [
     "PROMETHEUS_MISSING",
     "Backlog",
     "BacklogNumbers",
+    "DelayHistogram",
     "Registry",
     "RelayMetrics",
     "metrics_for",
@@ -124,15 +134,12 @@ def read_backlog(engine: Engine) -> BacklogNumbers:
     Ages are measured on the database's clock on PostgreSQL (as ``sqla-outbox status`` does),
     on this host's on SQLite.
     """
+    dialect = engine.dialect.name
+    params = {} if dialect == "postgresql" else {"now": dt.datetime.now(dt.timezone.utc)}
     with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            now: dt.datetime = conn.execute(select(func.now())).scalar_one()
-        else:
-            now = dt.datetime.now(dt.timezone.utc)
-        row = conn.execute(queries.backlog_stmt()).one()
-        conn.rollback()
+        row = conn.execute(queries.backlog_stmt(dialect), params).one()
     oldest = row.oldest_staged_at
-    age = 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+    age = 0.0 if oldest is None else max(0.0, (row.now - oldest).total_seconds())
     return BacklogNumbers(int(row.pending), int(row.dead), age)
 
 
@@ -234,18 +241,73 @@ class Backlog:
 # --- the counters and the histogram ------------------------------------------------------------
 
 
+class DelayHistogram:
+    """``sqla_outbox_publish_delay_seconds``, fed one pass at a time.
+
+    prometheus_client's ``Histogram.observe`` takes two locks and walks the buckets per value,
+    about 0.7 us per message, a few percent of a fast drain. A pass hands its staging times
+    over at once instead: sorted, each bucket's count is one ``bisect`` (the messages staged
+    less than the bucket's bound ago), and the totals are added under one lock per pass.
+    """
+
+    name = "sqla_outbox_publish_delay_seconds"
+    documentation = "Seconds from staging a message to publishing it."
+
+    def __init__(self, buckets: Iterable[float] = DELAY_BUCKETS) -> None:
+        self.bounds = sorted(buckets)
+        self._labels = [repr(float(bound)) for bound in self.bounds]  # "le" as Prometheus writes it
+        self._lock = threading.Lock()
+        self._cumulative = [0] * len(self.bounds)  # messages with a delay <= each bound
+        self._count = 0
+        self._sum = 0.0
+
+    def observe_staged(self, staged: list[float], now: float) -> None:
+        """Add a delay of ``now - t`` for each staging time ``t`` (epoch seconds; ``staged`` is
+        sorted in place). A negative delay (clock skew) counts as 0."""
+        staged.sort()  # claim order is staging order: already sorted, so this is one pass
+        count = len(staged)
+        past = bisect.bisect_right(staged, now)  # the rest were staged "after" now: delay 0
+        total = past * now - math.fsum(staged[:past])
+        within = [count - bisect.bisect_left(staged, now - bound) for bound in self.bounds]
+        with self._lock:
+            self._count += count
+            self._sum += total
+            cumulative = self._cumulative
+            for index, value in enumerate(within):
+                cumulative[index] += value
+
+    def describe(self) -> Iterable[Metric]:
+        """The family without samples (lets a registry check names without collecting)."""
+        from prometheus_client.core import HistogramMetricFamily  # noqa: PLC0415
+
+        return [HistogramMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> Iterable[Metric]:
+        """The histogram's buckets, count and sum."""
+        from prometheus_client.core import HistogramMetricFamily  # noqa: PLC0415
+
+        with self._lock:
+            buckets = [
+                (label, float(value))
+                for label, value in zip(self._labels, self._cumulative, strict=True)
+            ]
+            buckets.append(("+Inf", float(self._count)))
+            total = self._sum
+        return [HistogramMetricFamily(self.name, self.documentation, buckets, total)]
+
+
 class RelayMetrics:
     """The metrics of one registry; also the :class:`~sqla_outbox.observers.PassObserver` every
     relay recording into that registry subscribes.
 
-    Thread-safe: relays on several threads report to one instance, and prometheus_client's
-    values take their own locks.
+    Thread-safe: relays on several threads report to one instance; prometheus_client's counters
+    and :class:`DelayHistogram` take their own locks. The work per pass is a few C-level passes
+    over its messages (see :class:`DelayHistogram`) and one counter update per queue.
     """
 
     def __init__(self, registry: Registry) -> None:
-        from prometheus_client import Counter, Histogram  # noqa: PLC0415 - optional extra
+        from prometheus_client import Counter  # noqa: PLC0415 - optional extra
 
-        self.registry = registry
         self.published = Counter(
             "sqla_outbox_published_total",
             "Messages published to the broker.",
@@ -264,27 +326,19 @@ class RelayMetrics:
             ["queue"],
             registry=registry,
         )
-        self.delay = Histogram(
-            "sqla_outbox_publish_delay_seconds",
-            "Seconds from staging a message to publishing it.",
-            buckets=DELAY_BUCKETS,
-            registry=registry,
-        )
+        self.delay = DelayHistogram()
+        registry.register(self.delay)
         self.backlog = Backlog()
         registry.register(self.backlog)
 
     def pass_done(self, report: PassReport) -> None:
         """Count what the pass published, failed and sent to the dead letters."""
         outcome = report.outcome
-        if outcome.published:
+        published = outcome.published
+        if published:
             now = time.time()
-            observe = self.delay.observe
-            published: dict[str, int] = {}
-            for message in outcome.published:
-                published[message.queue] = published.get(message.queue, 0) + 1
-                delay = now - message.staged_at.timestamp()
-                observe(delay if delay > 0 else 0.0)
-            for queue, count in published.items():
+            self.delay.observe_staged(list(map(_timestamp, map(_staged_at, published))), now)
+            for queue, count in collections.Counter(map(_queue, published)).items():
                 self.published.labels(queue).inc(count)
         for message, _error in outcome.failed:
             self.failures.labels(message.queue).inc()
@@ -292,6 +346,11 @@ class RelayMetrics:
             self.failures.labels(outcome.handed_back[0].queue).inc()
         for message in report.dead:
             self.dead_letters.labels(message.queue).inc()
+
+
+_staged_at = operator.attrgetter("staged_at")
+_queue = operator.attrgetter("queue")
+_timestamp = dt.datetime.timestamp
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, RelayMetrics] = weakref.WeakKeyDictionary()

@@ -21,7 +21,7 @@ the ordering-key, failing and parked ones): each the claim uses covers only rows
 unpublished or parked, so the claim's cost follows the backlog, not the history of everything
 ever published. That history is :func:`sqla_outbox.purge`'s: version 3's ``ix_outbox_published``
 covers only the published rows, by ``published_at``, so a purge finds the oldest of them without
-reading the rest, and a relay never reads that index.
+reading the rest. Relays never read it; each mark adds one entry to it.
 """
 
 from __future__ import annotations

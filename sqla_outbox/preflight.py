@@ -37,7 +37,8 @@ only column-level ``UPDATE`` on the outbox's columns is refused although the rel
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -59,6 +60,7 @@ __all__ = [
     "check_outbox_table",
     "database_url",
     "engine_from_url",
+    "operator_engine",
     "relay_bind",
     "table_access_stmt",
 ]
@@ -192,6 +194,21 @@ def relay_bind(bind: object) -> Engine | URL:
     raise ConfigurationError(
         f"bind must be an Engine or a database URL such as {_EXAMPLE}, got {bind!r}."
     )
+
+
+@contextmanager
+def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
+    """``bind`` as an engine for a one-off operator call (``purge``, the dead-letter functions):
+    the caller's own, or one made for a URL and disposed afterwards."""
+    resolved = relay_bind(bind)
+    if isinstance(resolved, Engine):
+        yield resolved
+        return
+    engine = engine_from_url(resolved, utc=True)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def check_dialect(engine: Engine) -> None:

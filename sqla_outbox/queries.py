@@ -756,9 +756,10 @@ def delete_dead_stmt(dialect: str, *, ids: bool) -> Delete:
     return statement  # type: ignore[return-value]
 
 
-def backlog_stmt() -> Select[int, int, Any]:
-    """The backlog gauges in one query: ``pending`` (unpublished, dead letters included), ``dead``
-    and ``oldest_staged_at`` (of the pending rows; NULL when there are none).
+def backlog_stmt(dialect: str) -> Select[int, int, Any, Any]:
+    """The backlog gauges in one query: ``pending`` (unpublished, dead letters included), ``dead``,
+    ``oldest_staged_at`` (of the pending rows; NULL when there are none) and ``now`` (the
+    database's clock on PostgreSQL, the ``:now`` parameter on SQLite) to measure its age against.
 
     The numbers of :func:`status_stmt`, for a metrics scrape: restricted to unpublished rows in
     its WHERE clause, which the partial index ``ix_outbox_unpublished`` covers, so its cost
@@ -770,6 +771,7 @@ def backlog_stmt() -> Select[int, int, Any]:
             func.count().label("pending"),
             func.count().filter(t.c.dead_at.is_not(None)).label("dead"),
             func.min(t.c.staged_at).label("oldest_staged_at"),
+            _now(dialect).label("now"),
         )
         .select_from(t)
         .where(_unpublished())

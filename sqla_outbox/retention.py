@@ -46,7 +46,6 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
@@ -56,7 +55,7 @@ from sqla_outbox import queries
 from sqla_outbox.coltypes import as_utc
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.logs import log_event
-from sqla_outbox.preflight import check_outbox_table, engine_from_url, relay_bind
+from sqla_outbox.preflight import check_outbox_table, operator_engine
 from sqla_outbox.schema_errors import raise_if_missing_table
 
 __all__ = [
@@ -201,20 +200,6 @@ def purge_batches(
             return
 
 
-@contextmanager
-def _engine(bind: Engine | str | URL) -> Iterator[Engine]:
-    """``bind`` as an engine: the caller's, or one of ours for a URL, disposed afterwards."""
-    resolved = relay_bind(bind)
-    if isinstance(resolved, Engine):
-        yield resolved
-        return
-    engine = engine_from_url(resolved, utc=True)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
 def purge(
     bind: Engine | str | URL,
     *,
@@ -234,7 +219,7 @@ def purge(
     """
     older_than = resolve_older_than(older_than)
     batch_size = resolve_purge_batch_size(batch_size)
-    with _engine(bind) as engine:
+    with operator_engine(bind) as engine:
         with raise_if_missing_table(engine), engine.begin() as conn:
             check_outbox_table(conn, PURGE_PRIVILEGES, needed_by="purge()")
             cutoff = purge_cutoff(conn, older_than)

@@ -65,7 +65,6 @@ The traps
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -83,6 +82,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GENERIC_SYSTEM",
     "SYSTEMS",
+    "TRACER_NAME",
     "current_traceparent",
     "messaging_system",
     "trace_publish",
@@ -131,14 +131,17 @@ def messaging_system(publisher: object) -> str:
     """The ``messaging.system`` of ``publisher``'s spans.
 
     A non-empty string attribute ``publisher.messaging_system`` wins (how a publisher of your
-    own names its broker); then :data:`SYSTEMS`, by the module the publisher comes from; else
-    :data:`GENERIC_SYSTEM`.
+    own names its broker); then :data:`SYSTEMS`, by the module its class (or a base class, or
+    the function) comes from; else :data:`GENERIC_SYSTEM`.
     """
     declared = getattr(publisher, "messaging_system", None)
     if isinstance(declared, str) and declared:
         return declared
-    module = getattr(publisher, "__module__", None)
-    return SYSTEMS.get(module, GENERIC_SYSTEM) if isinstance(module, str) else GENERIC_SYSTEM
+    # The classes first, so a subclass of a bundled publisher keeps its system; then the
+    # module of a function or bound method (``Relay(engine, webhook.publish)``).
+    modules: list[object] = [kind.__module__ for kind in type(publisher).__mro__]
+    modules.append(getattr(publisher, "__module__", None))
+    return next((SYSTEMS[m] for m in modules if m in SYSTEMS), GENERIC_SYSTEM)
 
 
 def trace_publish(publish: PublishOne, publisher: object) -> PublishOne:
@@ -193,12 +196,9 @@ def trace_publish_batch(publish_batch: PublishMany | None, publisher: object) ->
 def _opentelemetry() -> ModuleType | None:
     """``opentelemetry.trace``, imported, or ``None`` if the API is not installed."""
     try:
-        if importlib.util.find_spec("opentelemetry.trace") is None:
-            return None
-    except (ImportError, ValueError):  # pragma: no cover - a broken or stubbed install
+        import opentelemetry.trace  # noqa: PLC0415 - optional
+    except ImportError:
         return None
-    import opentelemetry.trace  # noqa: PLC0415 - optional
-
     # Loads a provider named by OTEL_PYTHON_TRACER_PROVIDER now: the per-call check below
     # reads the global directly, which only the API's getter fills from the environment.
     opentelemetry.trace.get_tracer_provider()

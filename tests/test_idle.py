@@ -19,11 +19,22 @@ from sqla_outbox.relay import IDLE_MAX, SWEEP_INTERVAL
 
 
 def _listening(make_relay: MakeRelay, engine: Engine, **options: object) -> outbox.Relay:
+    """A relay whose LISTEN connection is up (a real one: its loop runs)."""
     relay = make_relay(engine, lambda message: None, **options)
     relay.start()
     listener = relay._listener
     assert listener is not None
     wait_until(listener.listening.is_set, "the relay to LISTEN")
+    return relay
+
+
+def _as_if_listening(make_relay: MakeRelay, engine: Engine, **options: object) -> outbox.Relay:
+    """A relay that is not running but believes its LISTEN connection is up: the rows a test
+    arranges then stay as arranged (a running loop would claim and publish them)."""
+    relay = make_relay(engine, lambda message: None, **options)
+    listener = relay._listener
+    assert listener is not None
+    listener.listening.set()
     return relay
 
 
@@ -41,7 +52,7 @@ def test_the_wait_ends_when_a_scheduled_row_comes_due(
 ) -> None:
     """A row scheduled 5 s ahead (no commit will announce it coming due): the idle loop comes
     back in 5 s at most."""
-    relay = _listening(make_relay, pg_engine)
+    relay = _as_if_listening(make_relay, pg_engine)
     with Session(pg_engine) as session:
         outbox.enqueue(session, "later", run_at=dt.timedelta(seconds=5))
         session.commit()
@@ -53,7 +64,7 @@ def test_the_wait_ends_when_a_backoff_or_a_lease_ends(
 ) -> None:
     """A row backing off for 8 s, and another claimed by a relay that stopped 2 s before its
     6 s lease ends: the idle loop comes back for the earlier, the lease, at most 4 s away."""
-    relay = _listening(make_relay, pg_engine, claim_lease=6)
+    relay = _as_if_listening(make_relay, pg_engine, claim_lease=6)
     with Session(pg_engine) as session:
         backing_off = outbox.enqueue(session, "backing-off")
         claimed = outbox.enqueue(session, "claimed")
@@ -76,7 +87,7 @@ def test_the_wait_ends_when_a_backoff_or_a_lease_ends(
 
 def test_parked_rows_bring_the_sweep_back(pg_engine: Engine, make_relay: MakeRelay) -> None:
     """Parked rows are swept every SWEEP_INTERVAL even while LISTEN is up."""
-    relay = _listening(make_relay, pg_engine)
+    relay = _as_if_listening(make_relay, pg_engine)
     with Session(pg_engine) as session:
         head = outbox.enqueue(session, "head", ordering_key="k")
         outbox.enqueue(session, "behind", ordering_key="k")

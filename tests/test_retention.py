@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import signal
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
-from support import WAIT, MakeRelay, logged, stage, url_of, wait_until
+from support import (
+    REPO,
+    WAIT,
+    MakeRelay,
+    cli_command,
+    cli_env,
+    logged,
+    stage,
+    url_of,
+    wait_until,
+)
 
 import sqla_outbox as outbox
 from sqla_outbox import queries, retention
@@ -114,11 +127,13 @@ def statements(engine: Engine) -> Iterator[list[str]]:
 def test_purge_deletes_exactly_the_published_rows_older_than_the_cutoff(engine: Engine) -> None:
     """purge(older_than=7 days) deletes the rows published ten days ago and returns how many;
     rows published yesterday, an unpublished row staged a month ago (claimed by a relay long
-    gone) and a month-old dead letter all stay, untouched."""
+    gone) and a month-old dead letter all stay, untouched. A cutoff before the year 1
+    (timedelta.max) deletes nothing."""
     history = History(engine)
     with engine.connect() as conn:
         before = {row.id: tuple(row) for row in conn.execute(select(T.__table__))}
 
+    assert outbox.purge(engine, older_than=dt.timedelta.max) == 0
     assert outbox.purge(engine, older_than=WEEK) == 3
 
     assert ids(engine) == history.kept
@@ -438,6 +453,34 @@ def test_cli_purge_on_a_version_2_table_names_the_migration(
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("Error: Table 'outbox' is schema version 2;")
     assert "op.upgrade_outbox_table(2, 3)" in line
+
+
+def test_cli_relay_retain_published_purges_while_idle(engine: Engine, tmp_path: Path) -> None:
+    """`sqla-outbox relay --retain-published 7d`, a process of its own, purges the rows published
+    more than a week ago once it is idle and logs event=relay.purged; on SIGTERM it exits 0, the
+    recent, scheduled and dead rows still there."""
+    history = History(engine)
+    stderr_path = tmp_path / "relay.stderr"
+    command = cli_command("relay", "--publisher", "stdout", "--retain-published", "7d")
+    with (
+        stderr_path.open("w") as stderr,
+        subprocess.Popen(
+            command,
+            env=cli_env(url=url_of(engine)),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        ) as process,
+    ):
+        try:
+            wait_until(lambda: not ids(engine) & ids_of(history.old_published), "the relay's purge")
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=WAIT) == 0, stderr_path.read_text()
+    log = stderr_path.read_text()
+    assert "event=relay.purged" in log and " rows=3 " in log, log
+    assert "Traceback" not in log
+    assert ids(engine) == history.kept
 
 
 def test_cli_relay_refuses_a_bad_retain_published(capsys: pytest.CaptureFixture[str]) -> None:
