@@ -39,7 +39,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import driver_sql, queries
 from sqla_outbox.liveness import Liveness
-from sqla_outbox.logs import log_event
+from sqla_outbox.logs import describe_error, log_event
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import as_utc
 from sqla_outbox.publishing import PassOutcome
@@ -65,12 +65,6 @@ _as_message = partial(tuple.__new__, OutboxMessage)
 leading columns are :data:`~sqla_outbox.queries.MESSAGE_FIELDS`, so the length is right by
 construction (a unit test pins the two together), and a drain builds tens of thousands a second.
 """
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: message``, or just ``Type`` for an error without one (``CancelledError()``)."""
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +344,7 @@ class ClaimStatements:
             params = {
                 "token": claimed.token,
                 "failed_id": message.id,
-                "error": _describe(error)[:2000],
+                "error": describe_error(error)[:2000],
                 "dead": self._retry.gives_up(attempts),
                 "attempts": attempts,
                 "backoff": backoff,

@@ -38,6 +38,7 @@ __all__ = [
     "JsonFormatter",
     "LogfmtFormatter",
     "PassLog",
+    "describe_error",
     "formatter",
     "log_event",
     "logfmt",
@@ -60,6 +61,13 @@ def _value(value: Any) -> str:
 def logfmt(fields: dict[str, Any]) -> str:
     """``key=value`` pairs, values quoted where they contain spaces, quotes or newlines."""
     return " ".join(f"{key}={_value(value)}" for key, value in fields.items() if value is not None)
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``, or just ``Type`` for an error without one (``CancelledError()``): how
+    every log line and ``last_error`` names an error."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def log_event(

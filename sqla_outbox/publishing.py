@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from sqla_outbox.errors import BrokerUnavailableError
 from sqla_outbox.message import OutboxMessage
 
-__all__ = ["ENDS_PROCESS", "PassOutcome", "is_outage", "publish_claim"]
+__all__ = ["ENDS_PROCESS", "PassOutcome", "confirmed_count", "is_outage", "publish_claim"]
 
 ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
 """What a publisher may raise that is not a failed publish but a request to stop."""
@@ -43,7 +43,7 @@ def is_outage(error: BaseException) -> bool:
     )
 
 
-def _confirmed(error: BaseException, sent: int) -> int:
+def confirmed_count(error: BaseException, sent: int) -> int:
     """How many messages of a batch of ``sent`` the error says went out, clamped to the batch."""
     published = getattr(error, "published", 0)
     if not isinstance(published, int) or isinstance(published, bool):
@@ -157,7 +157,7 @@ def _publish_batches(
             # Only what the error says was confirmed counts as published; anything else is
             # published again later (at least once), never lost.
             ended = isinstance(error, ENDS_PROCESS) or is_outage(error)
-            confirmed = _confirmed(error, len(batch) if ended else len(batch) - 1)
+            confirmed = confirmed_count(error, len(batch) if ended else len(batch) - 1)
             outcome.published.extend(batch[:confirmed])
             if ended:
                 outcome.handed_back.extend(batch[confirmed:])

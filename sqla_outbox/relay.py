@@ -67,7 +67,7 @@ from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.listener import NotificationListener, can_listen
 from sqla_outbox.liveness import Liveness, liveness_bound
-from sqla_outbox.logs import PassLog, log_event, logfmt
+from sqla_outbox.logs import PassLog, describe_error, log_event
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.metrics import Registry, relay_metrics
 from sqla_outbox.notify import subscribe, unsubscribe
@@ -128,12 +128,6 @@ class PassResult:
             self.failed or other.failed,
             self.outage or other.outage,
         )
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: message``, or just ``Type`` for an error without one (``CancelledError()``)."""
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _relay_engine(bind: object) -> Engine:
@@ -362,7 +356,7 @@ class Relay:
                     relay=self.relay_id,
                     published=len(outcome.published),
                     handed_back=len(outcome.handed_back),
-                    error=_describe(outcome.outage),
+                    error=describe_error(outcome.outage),
                 )
             if outcome.stop is not None:
                 raise outcome.stop
@@ -399,7 +393,7 @@ class Relay:
         except Exception:
             if outcome.stop is None:
                 raise
-            log.exception("relay %s could not settle its claim before stopping", self.relay_id)
+            log_event(log, logging.ERROR, "relay.settle_failed", exc_info=True, relay=self.relay_id)
             return []
 
     def observe(self, observer: PassObserver) -> None:
@@ -415,7 +409,9 @@ class Relay:
             try:
                 observer.pass_done(report)
             except Exception:
-                log.exception("an observer of relay %s failed", self.relay_id)
+                log_event(
+                    log, logging.ERROR, "relay.observer_failed", exc_info=True, relay=self.relay_id
+                )
 
     def _end_passes(self, *, quiet: bool) -> None:
         """Write a deferred mark, if any, and let go of the connection held between passes.
@@ -587,7 +583,11 @@ class Relay:
                 self._passes()
             except ENDS_PROCESS as error:
                 log_event(
-                    log, logging.ERROR, "relay.aborted", relay=self.relay_id, error=_describe(error)
+                    log,
+                    logging.ERROR,
+                    "relay.aborted",
+                    relay=self.relay_id,
+                    error=describe_error(error),
                 )
                 raise
             finally:
@@ -656,13 +656,15 @@ class Relay:
         log_event(log, logging.INFO, "relay.stopped", relay=self.relay_id)
 
     def _log_unexpected(self, error: BaseException, retry_in: float) -> None:
-        # log_event's line, with the traceback: an unexpected error is a bug to be found.
-        fields = {"relay": self.relay_id, "retry_in": round(retry_in, 3), "error": _describe(error)}
-        log.error(
-            "event=relay.unexpected_error %s",
-            logfmt(fields),
+        # With the traceback: an unexpected error is a bug to be found.
+        log_event(
+            log,
+            logging.ERROR,
+            "relay.unexpected_error",
             exc_info=error,
-            extra={"outbox_event": "relay.unexpected_error", "outbox_fields": fields},
+            relay=self.relay_id,
+            retry_in=round(retry_in, 3),
+            error=describe_error(error),
         )
 
     def close(self) -> None:
@@ -678,7 +680,9 @@ class Relay:
             try:
                 close()
             except Exception:
-                log.exception("closing the publisher of relay %s failed", self.relay_id)
+                log_event(
+                    log, logging.ERROR, "relay.close_failed", exc_info=True, relay=self.relay_id
+                )
         if self._owns_engine:
             self.engine.dispose()
 

@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishing import ENDS_PROCESS, _confirmed, is_outage
+from sqla_outbox.publishing import ENDS_PROCESS, confirmed_count, is_outage
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -289,7 +289,7 @@ class _Spans:
             ended = isinstance(error, ENDS_PROCESS) or is_outage(error)
             # As the relay counts it (sqla_outbox.publishing): a refusal always leaves one
             # message to blame; an outage or a stop may come after every message was confirmed.
-            confirmed = _confirmed(error, count if ended else count - 1)
+            confirmed = confirmed_count(error, count if ended else count - 1)
             if confirmed < count:
                 self._failed(spans[confirmed], error)
                 for span in spans[confirmed + 1 :]:
