@@ -46,10 +46,10 @@ from benchmarks.harness import (
     recreate_database,
 )
 from sqla_outbox import driver_sql, queries
+from sqla_outbox.claims import next_window
 
 __all__ = [
     "BATCH",
-    "MAX_WINDOW",
     "ClaimSide",
     "LibraryClaim",
     "claim_side",
@@ -62,8 +62,6 @@ __all__ = [
 ]
 
 BATCH = 100
-MAX_WINDOW = 16
-"""The relay's widest claim window, in batches (``sqla_outbox.claims._MAX_WINDOW``)."""
 LEASE = dt.timedelta(seconds=30)
 
 _HISTORY = """
@@ -102,8 +100,11 @@ class LibraryClaim:
       ``jit_above_cost`` at a window of about 1,000 rows, and JIT compilation then costs more
       than the claim);
     * parameters ``limit`` (the batch), ``window``, ``token`` and ``lease`` (30 s); the window
-      starts at the batch and is ``min(batch + held, 16 * batch)`` after each claim, ``held``
-      being the claim's second leading column, as the relay widens it.
+      starts at the batch and widens after each claim by
+      :func:`sqla_outbox.claims.next_window`, ``held`` being the claim's second leading column;
+    * the fast claim (``claim_stmt(fast=True)``) while the last claim found the outbox
+      uncrowded (third leading column) and the window is the batch, followed at once by the
+      full claim when it answers crowded; the full claim otherwise.
 
     Call it with a token; it returns ``(seconds, parked, held, claimed ids)``, the seconds
     covering the execute and the fetch of the rows only.
@@ -116,27 +117,36 @@ class LibraryClaim:
         self.batch = batch
         self.window = batch
         self._claim = driver_sql.precompile(queries.claim_stmt(dialect.name), dialect)
+        self._fast = driver_sql.precompile(queries.claim_stmt(dialect.name, fast=True), dialect)
+        self.crowded = False
         self.conn: Connection = autocommit.connect()
         self.conn.exec_driver_sql("SET jit = off")
 
     def __call__(self, token: str) -> tuple[float, int, int, list[Any]]:
-        params = self._claim.params(
+        start = time.perf_counter()
+        fast = not self.crowded and self.window == self.batch
+        rows = self._send(self._fast if fast else self._claim, token)
+        if fast and rows[0][2]:
+            rows = self._send(self._claim, token)  # crowded: the full claim, as the relay does
+        elapsed = time.perf_counter() - start
+        parked, held, self.crowded = rows[0][0], rows[0][1], rows[0][2]
+        ids = [row[3] for row in rows if row[3] is not None]
+        self.window = next_window(self.window, self.batch, held)
+        return elapsed, parked, held, ids
+
+    def _send(self, claim: driver_sql.Precompiled, token: str) -> list[Any]:
+        params = claim.params(
             {"limit": self.batch, "window": self.window, "lease": LEASE, "token": token}
         )
-        start = time.perf_counter()
-        result = self.conn.exec_driver_sql(self._claim.sql, params)
+        result = self.conn.exec_driver_sql(claim.text(params), params)
         rows = result.cursor.fetchall()  # type: ignore[union-attr]
-        elapsed = time.perf_counter() - start
         result.close()
-        parked, held = rows[0][0], rows[0][1]
-        ids = [row[2] for row in rows if row[2] is not None]
-        self.window = min(self.batch + held, MAX_WINDOW * self.batch)
-        return elapsed, parked, held, ids
+        return rows
 
     def sql(self) -> tuple[str, dict[str, Any]]:
         """The statement and the parameters of the next claim (for ``EXPLAIN``)."""
         params = {"limit": self.batch, "window": self.window, "lease": LEASE, "token": "explain"}
-        return self._claim.sql, self._claim.params(params)
+        return self._claim.text(params), self._claim.params(params)
 
     def close(self) -> None:
         """Reset ``jit`` (as the relay does before its connection goes back to the pool)."""

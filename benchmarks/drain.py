@@ -65,7 +65,6 @@ BATCH_SIZES = (100, 500, 1000)
 TWO_RELAYS_BATCH = 100  # the library's default batch size
 RELAYS_TIMEOUT = 120.0  # seconds; a round that times out reports the rows it did publish
 ABSOLUTE_TARGET = 25_000.0  # rows/s at batch 1000
-MAX_WINDOW = 16  # the relay's widest claim window, in batches (sqla_outbox.claims._MAX_WINDOW)
 
 _COLUMNS = ", ".join(queries.MESSAGE_FIELDS)
 RAW_CLAIM = (
@@ -158,14 +157,15 @@ def _drain_raw(ctx: Context, batch_size: int) -> tuple[int, float]:
 
 
 def _library_sql(ctx: Context) -> tuple[driver_sql.Precompiled, driver_sql.Precompiled]:
-    """The relay's claim and mark-and-claim, compiled as the relay compiles them for psycopg.
+    """The relay's claim and mark-and-claim for an uncrowded outbox (``fast=True``, what a
+    relay alone on this backlog sends), compiled as the relay compiles them for psycopg.
 
     Each keeps its own literal parameters: both statements have a ``param_1``, and it is not
-    the same value (the claim's parks, the merged statement's first one unparks).
+    the same value.
     """
     dialect = ctx.engine.dialect
-    claim = driver_sql.precompile(queries.claim_stmt(dialect.name), dialect)
-    merged = driver_sql.precompile(queries.mark_and_claim_stmt(), dialect)
+    claim = driver_sql.precompile(queries.claim_stmt(dialect.name, fast=True), dialect)
+    merged = driver_sql.precompile(queries.mark_and_claim_stmt(fast=True), dialect)
     return claim, merged
 
 
@@ -173,37 +173,29 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     """The relay's exact statements from a bare psycopg loop: the library's SQL, minus Python.
 
     As ``Relay.drain()`` sends them: a claim, then each pass's mark inside the next claim (the
-    ``marked`` and ``unparked`` counts first, then the claim's ``parked`` and ``held``, then
-    the message columns), until a claim comes back empty; the window widened by the rows the
-    last claim had to leave, as the relay does (it stays at the batch size here: nothing is
-    held back). The connection runs ``SET jit = off`` first (untimed), as the relay's held
-    connection does: the claim's cost estimate crosses ``jit_above_cost`` at a window of about
-    1,000 rows, and the arm would otherwise time JIT compilation the relay never does.
+    ``marked`` and ``unparked`` counts first, then the claim's ``parked``, ``held`` and
+    ``crowded``, then the message columns), until a claim comes back empty. Nothing is held
+    back here, so the relay sends only its fast statements (``queries.claim_stmt``); a claim
+    that found the outbox crowded would make this arm measure something else, and stops it.
+    The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does.
     """
     claim, merged = _library_sql(ctx)
     lease = dt.timedelta(seconds=30)
-    widest = MAX_WINDOW * batch_size
     with ctx.raw() as conn:
         conn.execute(b"SET jit = off")
         published = 0
-        window = batch_size
         previous: dict[str, Any] = {}
         start = time.perf_counter()
         while True:
             token = f"lib:{secrets.token_hex(8)}"
             statement = merged if previous else claim
             params = statement.params(
-                {
-                    **previous,
-                    "limit": batch_size,
-                    "window": window,
-                    "lease": lease,
-                    "token": token,
-                }
+                {**previous, "limit": batch_size, "lease": lease, "token": token}
             )
-            header = 4 if previous else 2
-            rows = conn.execute(statement.sql.encode(), params).fetchall()
-            window = min(batch_size + rows[0][header - 1], widest)
+            header = 5 if previous else 3
+            rows = conn.execute(statement.text(params).encode(), params).fetchall()
+            if rows[0][header - 1]:
+                raise RuntimeError("the library-SQL arm found the outbox crowded")
             rows = [row[header:] for row in rows] if rows[0][header] is not None else []
             for row in rows:
                 _noop(row)

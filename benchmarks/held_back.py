@@ -17,7 +17,7 @@ keyless rows (committed through ``outbox.enqueue``, ten per transaction):
 
 Both are ``VACUUM ANALYZE``d and checkpointed. Then, untimed, the library's claim runs on each
 database until it stops parking rows (its first column), the window widened as the relay
-widens it (``min(batch + held, 16 * batch)``, ``held`` its second column), every claimed row
+widens it (:func:`sqla_outbox.claims.next_window`), every claimed row
 marked published: the steady state of a relay that has met the dead letters. A relay gets
 there within a few claims; the measured claims see what it sees from then on.
 
@@ -145,7 +145,7 @@ def _first_claims(held: ClaimSide, times: int) -> dict[str, Any]:
     plan = ""
     for _ in range(times):
         held.ctx.sql(_UNPARK, "VACUUM ANALYZE outbox", "CHECKPOINT")
-        held.claim.window = held.claim.batch
+        held.claim.window, held.claim.crowded = held.claim.batch, False
         if not plan:
             plan = explain_claim(held.ctx, held.claim)
         each = _settle(held)

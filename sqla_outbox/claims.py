@@ -46,7 +46,7 @@ from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.retries import RetryPolicy
 from sqla_outbox.schema_errors import raise_if_missing_table
 
-__all__ = ["ClaimStatements", "Claimed", "Unmarked"]
+__all__ = ["ClaimStatements", "Claimed", "Unmarked", "next_window"]
 
 log = logging.getLogger("sqla_outbox.relay")
 
@@ -65,6 +65,22 @@ _as_message = partial(tuple.__new__, OutboxMessage)
 leading columns are :data:`~sqla_outbox.queries.MESSAGE_FIELDS`, so the length is right by
 construction (a unit test pins the two together), and a drain builds tens of thousands a second.
 """
+
+
+def next_window(window: int, batch_size: int, held: int) -> int:
+    """The claim window after a claim that had to leave ``held`` rows of its window.
+
+    Back to ``batch_size`` when nothing was held; otherwise doubled until it reaches past the
+    held rows, up to :data:`_MAX_WINDOW` batches. Doubling keeps a relay's windows to a few
+    multiples of its batch size: each is a claim text of its own (the window is written into
+    the SQL, see :mod:`sqla_outbox.driver_sql`), prepared and planned once.
+    """
+    if not held:
+        return batch_size
+    window *= 2
+    while window < batch_size + held:
+        window *= 2
+    return min(window, batch_size * _MAX_WINDOW)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +102,8 @@ class Claimed:
     held: int = 0
     unparked: int = 0
     """Rows the mark written with this claim freed: claimable from the next statement on."""
+    crowded: bool = False
+    """Something before the claimed rows was not claimable (see ``queries.claim_stmt``)."""
 
 
 class ClaimStatements:
@@ -116,6 +134,12 @@ class ClaimStatements:
         # PostgreSQL marks a claim inside the next claim's statement; SQLite, which allows no
         # UPDATE inside WITH, in the next claim's transaction, and parks in a statement of its own.
         self._mark_and_claim = queries.mark_and_claim_stmt(order) if self._pg else None
+        # PostgreSQL's claim for an uncrowded outbox, used while the last claim found it so.
+        self._fast_claim = queries.claim_stmt(dialect, order, fast=True) if self._pg else None
+        self._fast_mark_and_claim = (
+            queries.mark_and_claim_stmt(order, fast=True) if self._pg else None
+        )
+        self._crowded = False
         self._park = None if self._pg else queries.park_stmt(dialect, order)
         self._unpark = None if self._pg else queries.unpark_behind_stmt(dialect)
         self._mark = queries.mark_published_stmt(dialect)
@@ -132,8 +156,8 @@ class ClaimStatements:
         self._precompiled: dict[int, driver_sql.Precompiled] = {}
         if driver_sql.applies(engine.dialect, engine.get_execution_options()):
             for statement in (
-                self._claim, self._mark_and_claim, self._mark, self._release, self._fail,
-                self._renew, self._sweep, self._settle,
+                self._claim, self._mark_and_claim, self._fast_claim, self._fast_mark_and_claim,
+                self._mark, self._release, self._fail, self._renew, self._sweep, self._settle,
             ):  # fmt: skip
                 if statement is not None:
                     self._precompiled[id(statement)] = driver_sql.precompile(
@@ -153,16 +177,12 @@ class ClaimStatements:
         up to :data:`_MAX_WINDOW` batches, and gives up after :data:`_WIDEN_TRIES` claims that
         changed nothing: those rows wait for their relays.
         """
-        widest = self._batch_size * _MAX_WINDOW
         idle_tries = 0
         while True:
             claimed = self._claim_once(token, unmarked)
             unmarked = None
             progressed = claimed.parked or claimed.unparked
-            if claimed.held:
-                self._window = min(max(self._window * 2, self._batch_size + claimed.held), widest)
-            else:
-                self._window = self._batch_size
+            self._window = next_window(self._window, self._batch_size, claimed.held)
             if claimed.messages or not (claimed.held or progressed):
                 return claimed
             idle_tries = 0 if progressed else idle_tries + 1
@@ -183,18 +203,32 @@ class ClaimStatements:
         )
         if not self._pg:
             return self._sqlite_claim(token, unmarked, params)
-        statement: Executable = self._claim
-        if unmarked is not None:
-            statement = cast("Executable", self._mark_and_claim)
-            params.update(previous_token=unmarked.token, previous_ids=unmarked.ids)
+        fast = not self._crowded and self._window == self._batch_size
+        claimed = self._pg_claim(token, unmarked, params, fast=fast)
+        if fast and claimed.crowded:
+            # The fast claim took nothing (its mark stands): the full claim sees what holds.
+            unparked = claimed.unparked
+            claimed = self._pg_claim(token, None, params, fast=False)
+            claimed.unparked += unparked
+        self._crowded = claimed.crowded
+        return claimed
+
+    def _pg_claim(
+        self, token: str, unmarked: Unmarked | None, params: dict[str, Any], *, fast: bool
+    ) -> Claimed:
+        if unmarked is None:
+            statement = self._fast_claim if fast else self._claim
+        else:
+            statement = self._fast_mark_and_claim if fast else self._mark_and_claim
+            params = {**params, "previous_token": unmarked.token, "previous_ids": unmarked.ids}
         with self._transaction(statements=1) as conn:
-            rows = self._rows(self._execute(conn, statement, params))
+            rows = self._rows(self._execute(conn, cast("Executable", statement), params))
         counts = rows[0]
-        header = 4 if unmarked is not None else 2
+        header = 5 if unmarked is not None else 3
         if unmarked is not None:
             self._check(unmarked.token, "mark", expected=len(unmarked.ids), touched=counts[0])
         claimed = self._decode(token, rows if rows[0][header] is not None else [], header)
-        claimed.parked, claimed.held = counts[header - 2], counts[header - 1]
+        claimed.parked, claimed.held, claimed.crowded = counts[header - 3 : header]
         if unmarked is not None:
             claimed.unparked = counts[1]
         return claimed
@@ -404,8 +438,9 @@ class ClaimStatements:
         if precompiled is None:
             return conn.execute(statement, params)
         if isinstance(params, list):
-            return conn.exec_driver_sql(precompiled.sql, [precompiled.params(p) for p in params])
-        return conn.exec_driver_sql(precompiled.sql, precompiled.params(params))
+            batch = [precompiled.params(p) for p in params]
+            return conn.exec_driver_sql(precompiled.text(params[0]), batch)
+        return conn.exec_driver_sql(precompiled.text(params), precompiled.params(params))
 
     @contextmanager
     def _transaction(self, statements: int) -> Iterator[Connection]:

@@ -18,10 +18,11 @@ Core statements as they are.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
 __all__ = ["Precompiled", "applies", "precompile"]
@@ -29,14 +30,40 @@ __all__ = ["Precompiled", "applies", "precompile"]
 
 @dataclass(frozen=True, slots=True)
 class Precompiled:
-    """A statement's SQL text for one dialect and the literal parameters compiled into it."""
+    """A statement's SQL text for one dialect and the literal parameters compiled into it.
+
+    Parameters declared ``literal_execute`` (the claim's row counts) are written into the text
+    itself, as SQLAlchemy writes them when it executes the construct: :meth:`text` renders the
+    SQL for their values, once per distinct set of values.
+    """
 
     sql: str
     constants: dict[str, Any]
+    inline: tuple[str, ...] = ()
+    _texts: dict[tuple[int, ...], str] = field(default_factory=dict, compare=False, repr=False)
 
     def params(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` completed with the statement's own constants (``LIMIT 1`` and the like)."""
         return {**self.constants, **params} if self.constants else params
+
+    def text(self, params: Mapping[str, Any]) -> str:
+        """The SQL to send with ``params``: :attr:`sql` with the inline values written in.
+
+        Inline values are row counts: anything but an ``int`` is refused rather than written
+        into SQL.
+        """
+        if not self.inline:
+            return self.sql
+        values = tuple(params[name] for name in self.inline)
+        text = self._texts.get(values)
+        if text is None:
+            text = self.sql
+            for name, value in zip(self.inline, values, strict=True):
+                if type(value) is not int:
+                    raise TypeError(f"inline parameter {name!r} must be an int, not {value!r}")
+                text = text.replace(f"__[POSTCOMPILE_{name}]", str(value))
+            self._texts[values] = text
+        return text
 
 
 def applies(dialect: Dialect, execution_options: Mapping[str, Any]) -> bool:
@@ -61,4 +88,7 @@ def precompile(
     list has exactly those.
     """
     compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) or None)
-    return Precompiled(str(compiled), dict(compiled.params))
+    literal = compiled.literal_execute_params if isinstance(compiled, SQLCompiler) else ()
+    inline = tuple(sorted({param.key for param in literal}))
+    constants = {k: v for k, v in compiled.params.items() if k not in inline}
+    return Precompiled(str(compiled), constants, inline)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, event, select, update
 from sqlalchemy.orm import Session
 from support import REPO, MakeRelay, cli_env, url_of, wait_until
 
@@ -491,3 +491,69 @@ def test_a_held_back_message_holds_back_its_own_transaction(
     expire_backoffs(engine)
     relay.drain()
     assert broker.published == ["D", "L", "M"]
+
+
+# --- the fast claim and the full one (PostgreSQL) --------------------------------------------
+
+
+class ClaimKinds:
+    """Which claim statements a relay sends: ``fast`` or ``full`` per claim, in order."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.sent: list[str] = []
+        self._engine = engine
+        event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "candidates AS" in statement:
+            self.sent.append("full" if "held_staged_at" in statement else "fast")
+
+    def close(self) -> None:
+        event.remove(self._engine, "before_cursor_execute", self._seen)
+
+
+def test_a_relay_alone_on_a_backlog_sends_only_the_fast_claim(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Nothing held anywhere: every claim, with its mark riding along, is the fast one."""
+    stage_each(pg_engine, ((f"m{n}", None) for n in range(30)), per_transaction=3)
+    kinds = ClaimKinds(pg_engine)
+    broker = Broker()
+    make_relay(pg_engine, broker, batch_size=4).drain()
+    kinds.close()
+    assert broker.published == [f"m{n}" for n in range(30)]
+    assert kinds.sent and set(kinds.sent) == {"fast"}
+
+
+def test_a_crowded_fast_claim_hands_over_to_the_full_claim_in_the_same_pass(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Another claim holds the first transaction: the fast claim takes nothing, the full claim
+    takes the other transactions at once (never the held one's rows), and the relay keeps the
+    full claim until a claim finds nothing crowding, then goes back to the fast one."""
+    stage_each(pg_engine, ((f"held{n}", None) for n in range(3)), per_transaction=3)
+    stage_each(pg_engine, ((f"free{n}", None) for n in range(6)), per_transaction=2)
+    with pg_engine.begin() as conn:  # a live claim of another relay on the first transaction
+        conn.execute(
+            update(Row)
+            .where(Row.job.like("held%"))
+            .values(claimed_by="other:1", claimed_at=dt.datetime.now(dt.timezone.utc))
+        )
+    kinds = ClaimKinds(pg_engine)
+    broker = Broker()
+    relay = make_relay(pg_engine, broker, batch_size=2)
+    assert relay.tick() == 2
+    assert kinds.sent == ["fast", "full"]
+    assert broker.published == ["free0", "free1"]
+    relay.tick()
+    assert kinds.sent[2:] == ["full"]  # still crowded by the held transaction
+    with pg_engine.begin() as conn:  # the other relay publishes its claim
+        conn.execute(
+            update(Row)
+            .where(Row.job.like("held%"))
+            .values(published_at=dt.datetime.now(dt.timezone.utc))
+        )
+    relay.drain()
+    kinds.close()
+    assert broker.published == [f"free{n}" for n in range(6)]
+    assert kinds.sent[3] == "full" and set(kinds.sent[4:]) == {"fast"}

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Dialect
 
-from sqla_outbox import queries
+from sqla_outbox import driver_sql, queries
 from sqla_outbox.message import OutboxMessage
 
 # The drivers the relay runs on (psycopg 3 on PostgreSQL), so the text is what they are sent.
@@ -62,13 +62,47 @@ def test_postgresql_claim_locks_parks_and_stamps_in_one_statement() -> None:
     assert sql.startswith("WITH RECURSIVE candidates AS (SELECT outbox.id")
     candidates = cte(sql, "candidates")
     assert candidates.endswith(
-        "ORDER BY outbox.staged_at, outbox.id LIMIT %(window)s FOR UPDATE SKIP LOCKED"
+        "ORDER BY outbox.staged_at, outbox.id LIMIT __[POSTCOMPILE_window] FOR UPDATE SKIP LOCKED"
     )
     assert "parked AS (UPDATE outbox SET parked=" in sql
     claimed = cte(sql, "claimed")
     assert claimed.startswith("UPDATE outbox SET claimed_by=%(token)s::VARCHAR, claimed_at=now()")
-    assert "ORDER BY candidates.staged_at, candidates.id LIMIT %(limit)s" in claimed
+    assert "ORDER BY candidates.staged_at, candidates.id LIMIT __[POSTCOMPILE_limit]" in claimed
     assert sql.endswith("LEFT OUTER JOIN claimed ON true ORDER BY claimed.staged_at, claimed.id")
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_fast_claim_takes_all_its_candidates_or_none(merged: bool) -> None:
+    """The fast claim locks ``:limit`` candidates, has no per-group guard, parking or
+    exclusion, and stamps them only when the gate finds nothing before them crowding."""
+    stmt = (
+        queries.mark_and_claim_stmt(fast=True)
+        if merged
+        else queries.claim_stmt("postgresql", fast=True)
+    )
+    sql = compiled(stmt, "postgresql")
+    candidates = cte(sql, "candidates")
+    assert candidates.endswith(
+        "ORDER BY outbox.staged_at, outbox.id LIMIT __[POSTCOMPILE_limit] FOR UPDATE SKIP LOCKED"
+    )
+    for part in (" parked AS", "held_staged_at", "excluded"):
+        assert part not in sql
+    gate = cte(sql, "gate")
+    assert "LIMIT __[POSTCOMPILE_limit] + 1" in gate
+    claimed = cte(sql, "claimed")
+    assert "FROM candidates WHERE NOT (SELECT gate.crowded FROM gate)" in claimed
+    assert ("marked AS (UPDATE outbox SET published_at" in sql) is merged
+
+
+def test_claim_limits_are_written_into_the_sql() -> None:
+    """The window and the limit are SQL text (a generic plan can know them), and only ints."""
+    precompiled = driver_sql.precompile(queries.claim_stmt("postgresql"), DIALECTS["postgresql"])
+    assert precompiled.inline == ("limit", "window")
+    text = precompiled.text({"limit": 100, "window": 400})
+    assert "LIMIT 400 FOR UPDATE SKIP LOCKED" in text and "LIMIT 100" in text
+    assert precompiled.text({"limit": 100, "window": 400}) is text  # rendered once
+    with pytest.raises(TypeError, match="must be an int"):
+        precompiled.text({"limit": "100; DROP TABLE outbox", "window": 400})
 
 
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
@@ -235,7 +269,8 @@ def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> No
     guard = re.findall(r"\w+_row\.claimed_by IS DISTINCT FROM %\(previous_token\)s", sql)
     assert {g.partition(".")[0] for g in guard} >= {"staged_at_row", "ordering_key_row"}
     assert "claimed AS (UPDATE outbox SET claimed_by=%(token)s" in sql
-    assert re.search(r"SELECT (\w+)\.marked, \1\.unparked, \1\.parked, \1\.held, claimed\.id", sql)
+    header = r"SELECT (\w+)\.marked, \1\.unparked, \1\.parked, \1\.held, \1\.crowded, claimed\.id"
+    assert re.search(header, sql)
     assert sql.endswith("LEFT OUTER JOIN claimed ON true ORDER BY claimed.staged_at, claimed.id")
     assert "IS DISTINCT FROM" not in compiled(queries.claim_stmt("postgresql"), "postgresql")
 
