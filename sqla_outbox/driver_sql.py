@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Dialect
+from sqlalchemy import ARRAY, Dialect, Uuid
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -86,9 +86,20 @@ def precompile(
 
     ``column_keys`` names the columns an INSERT's parameter rows carry, so the compiled VALUES
     list has exactly those.
+
+    Arrays of UUIDs (a claim's ids, sent back with its mark) travel in psycopg's binary format:
+    its text format quotes each element through a regular expression, 1.2 ms for the 1,000 ids
+    of a large claim against 0.15 ms as binary, a twentieth of the pass.
     """
     compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) or None)
-    literal = compiled.literal_execute_params if isinstance(compiled, SQLCompiler) else ()
+    sql = str(compiled)
+    if isinstance(compiled, SQLCompiler):
+        literal = compiled.literal_execute_params
+        for bind in compiled.binds.values():
+            if isinstance(bind.type, ARRAY) and isinstance(bind.type.item_type, Uuid):
+                sql = sql.replace(f"%({bind.key})s", f"%({bind.key})b")
+    else:  # pragma: no cover - every statement here is a SQL construct
+        literal = frozenset()
     inline = tuple(sorted({param.key for param in literal}))
     constants = {k: v for k, v in compiled.params.items() if k not in inline}
-    return Precompiled(str(compiled), constants, inline)
+    return Precompiled(sql, constants, inline)
