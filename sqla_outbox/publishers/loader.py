@@ -8,7 +8,7 @@ Accepted forms:
     Import ``module`` and take ``attribute`` (dots allowed: ``myapp.jobs:outbox.publisher``).
     An object with a ``publish`` method is used as is, a class is instantiated with no
     arguments, and any other callable is used as the publish function.
-A broker URL (``redis://``, ``amqp://``, ``nats://``, ``http(s)://``, ``celery:module:app``)
+A broker URL (``redis://``, ``amqp://``, ``nats://``, ``kafka://``, ``http(s)://``, ``celery:...``)
     The scheme picks a module in :data:`~sqla_outbox.publishers.schemes.BROKERS`, imported only
     now, whose ``from_url(url)`` builds the publisher. Checked before the ``module:attribute``
     split (``redis://host`` has a colon too). A missing client library is reported with the

@@ -32,6 +32,7 @@ _AMQP = Broker("sqla_outbox.publishers.rabbitmq", "rabbitmq", "pika")
 _NATS = Broker("sqla_outbox.publishers.nats_jetstream", "nats", "nats")
 _HTTP = Broker("sqla_outbox.publishers.http_webhook", "http", "httpx")
 _CELERY = Broker("sqla_outbox.publishers.celery_tasks", "celery", "celery")
+_KAFKA = Broker("sqla_outbox.publishers.kafka", "kafka", "confluent-kafka")
 
 BROKERS: dict[str, Broker] = {
     "redis": _REDIS,
@@ -43,5 +44,6 @@ BROKERS: dict[str, Broker] = {
     "http": _HTTP,
     "https": _HTTP,
     "celery": _CELERY,
+    "kafka": _KAFKA,
 }
 """URL scheme (the part before ``:``) to broker. ``celery:module:attr`` names a Celery app."""

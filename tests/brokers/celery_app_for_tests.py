@@ -2,6 +2,8 @@
 
 ``app`` uses Redis (db 10 unless ``SQLA_OUTBOX_TEST_CELERY_BROKER`` says otherwise) and is what
 ``--publisher celery:tests.brokers.celery_app_for_tests:app`` names; ``amqp_app`` uses RabbitMQ.
+:func:`app_on` makes one more, on any broker URL (a throwaway Redis, a port nobody listens on),
+and returns the ``celery:`` URL that names it, since that URL can only name a module attribute.
 Workers run inside the test process (``celery.contrib.testing.worker``), so the task records
 each run here, and a test waits on :func:`wait_for_runs` with a bound instead of sleeping. A relay
 in a subprocess imports this module only to send tasks by name; its list stays empty.
@@ -9,6 +11,7 @@ in a subprocess imports this module only to send tasks by name; its list stays e
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -106,3 +109,16 @@ def _make_app(name: str, broker: str) -> Celery:
 
 app = _make_app("sqla_outbox_tests", REDIS_URL)
 amqp_app = _make_app("sqla_outbox_tests_amqp", AMQP_URL)
+
+_made = itertools.count()
+
+
+def app_on(broker: str) -> str:
+    """A new app on ``broker``, set as an attribute of this module; the publisher URL naming it.
+
+    For tests in this process only: a subprocess importing this module does not have it. The app
+    lives as long as the process (an unused one holds no connection).
+    """
+    name = f"app_{next(_made)}"
+    globals()[name] = _make_app(f"sqla_outbox_tests_{name}", broker)
+    return f"celery:{__name__}:{name}"

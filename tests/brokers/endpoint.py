@@ -1,7 +1,8 @@
 """A webhook receiver for the tests: the standard library's HTTP server on a free loopback port.
 
 It records every request and answers 204, or whatever the test scripted for a message (by its
-``X-Outbox-Id`` header): a status with a body and headers, :data:`DROP` (close the connection
+``X-Outbox-Id`` header) or for every message of a queue (by the ``queue`` in its body): a status
+with a body and headers, :data:`DROP` (close the connection
 without answering, as a receiver that crashed mid-request does) or :data:`HANG` (answer only
 once :meth:`Endpoint.shut` is called, as a receiver that hangs does). "Server down" is the real
 thing: :meth:`Endpoint.shut` closes the listening socket, and the port refuses connections until
@@ -43,13 +44,15 @@ class Request:
 class Endpoint:
     """A webhook receiver on 127.0.0.1 that records requests; ``answers`` scripts failures.
 
-    ``answers`` maps a message id (the ``X-Outbox-Id`` header) to ``(status, body, headers)``;
-    every other request gets 204.
+    ``answers`` maps a message id (the ``X-Outbox-Id`` header) to ``(status, body, headers)``,
+    and ``queue_answers`` a queue name to the same, for every message of that queue; every other
+    request gets 204.
     """
 
     def __init__(self, port: int = 0) -> None:
         self.requests: list[Request] = []
         self.answers: dict[str, tuple[int, str, dict[str, str]]] = {}
+        self.queue_answers: dict[str, tuple[int, str, dict[str, str]]] = {}
         self._lock = threading.Lock()
         self._released = threading.Event()
         endpoint = self
@@ -57,8 +60,7 @@ class Endpoint:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                message_id = self.headers.get("X-Outbox-Id", "")
-                status, text, headers = endpoint.answers.get(message_id, (204, "", {}))
+                status, text, headers = endpoint.answer(self.headers.get("X-Outbox-Id", ""), body)
                 with endpoint._lock:
                     endpoint.requests.append(Request(self.path, dict(self.headers), body, status))
                 if status == DROP:
@@ -85,6 +87,16 @@ class Endpoint:
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
         self._thread.start()
+
+    def answer(self, message_id: str, body: bytes) -> tuple[int, str, dict[str, str]]:
+        """What to answer the POST of ``body``: scripted for the message, its queue, or 204."""
+        if message_id in self.answers:
+            return self.answers[message_id]
+        try:
+            queue = str(json.loads(body)["queue"])
+        except (ValueError, KeyError, TypeError):  # not a message: nothing scripted for it
+            queue = ""
+        return self.queue_answers.get(queue, (204, "", {}))
 
     def url(self, path: str = "/hooks/outbox", query: str = "") -> str:
         return f"http://127.0.0.1:{self.port}{path}{'?' + query if query else ''}"

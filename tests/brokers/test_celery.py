@@ -1,4 +1,10 @@
-"""The Celery publisher against real brokers and a real Celery worker.
+"""What only the Celery publisher promises; ``test_conformance.py`` runs the rest.
+
+The shared scenarios (what arrives and in what order, bad URLs, outages, a refused message,
+restarts) run against Celery on Redis there through ``adapters/celery_tasks.py``, which reads
+what Redis holds and publishes one message at a time. This file pins Celery's own behaviour,
+mostly through a real worker: how a message becomes a task, pipelining, Celery's router, eta and
+queue_map, OpenTelemetry's instrumentation, and Celery on RabbitMQ (publisher confirms).
 
 Jobs are staged with ``outbox.enqueue`` on PostgreSQL, the relay publishes them through
 ``CeleryPublisher``, and an embedded worker (``celery.contrib.testing.worker``, solo pool, in a
@@ -13,9 +19,7 @@ never see each other's messages and the database is never flushed.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,19 +30,14 @@ import pytest
 from sqlalchemy import Engine
 from support import (
     MakeRelay,
-    assert_uncharged,
     free_port,
-    logged,
-    publisher_error,
     reachable_redis,
     row,
-    run_cli,
     transaction,
-    without_client,
 )
 
 import sqla_outbox as outbox
-from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublisherError, PublishError
+from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublishError
 from sqla_outbox.message import OutboxMessage
 
 pytest.importorskip("celery", reason='the Celery publisher needs pip install "sqla-outbox[celery]"')
@@ -101,65 +100,55 @@ def enqueue_all(engine: Engine, calls: list[tuple[Any, dict[str, Any]]], *, comm
 # -- Redis, through a real worker ---------------------------------------------------------------
 
 
-def test_committed_jobs_run_with_their_headers_and_rolled_back_ones_never(
-    pg_engine: Engine, make_relay: MakeRelay, publisher: CeleryPublisher, queue: str, redis_db: Any
+def test_a_worker_runs_each_message_as_its_task_with_the_fields_on_the_request(
+    publisher: CeleryPublisher, queue: str
 ) -> None:
-    """Only committed jobs run, as tasks whose id is the idempotency key and whose request
-    carries the trace context, tenant and author; a rolled-back job never reaches the broker.
-
-    The rolled-back job is staged first: had it been published, the solo worker would have run it
-    before the committed ones.
-    """
-    common = {"queue": queue, "tenant_id": "acme", "enqueued_by": "user:7"}
-    enqueue_all(pg_engine, [({"marker": "rolled-back"}, common)], commit=False)
-    committed = enqueue_all(
-        pg_engine,
-        [
-            ({"marker": "committed", "n": 1}, {**common, "traceparent": TRACEPARENT}),
-            (["a", 1], common),  # not an object: one positional argument
-            (None, {**common, "idempotency_key": "order-42"}),  # no arguments
-        ],
-        commit=True,
-    )
-    relay = make_relay(pg_engine, publisher)
+    """A worker runs the task named by the job, with the task id the idempotency key: an object
+    input becomes keyword arguments, a list one positional argument (never spread), None no
+    arguments; every field is an attribute of ``self.request`` (None when unset) and the trace
+    context is also in ``self.request.headers``, where OpenTelemetry looks."""
+    now = dt.datetime.now(dt.timezone.utc)
+    sent = [
+        OutboxMessage(uuid.uuid4(), tasks.TASK, queue, {"marker": "kw", "n": 1}, "order-42", 5,
+                      now, now, "acme", TRACEPARENT, "user:7"),
+        OutboxMessage(uuid.uuid4(), tasks.TASK, queue, ["a", 1], uuid.uuid4().hex, 3, now, now),
+        OutboxMessage(uuid.uuid4(), tasks.TASK, queue, None, uuid.uuid4().hex, 3, now, now),
+    ]  # fmt: skip
     with worker(tasks.app, queue):
-        assert relay.drain().published == 3
+        publisher.publish_batch(sent)
         runs = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 3, WAIT)
-        assert redis_db.llen(queue) == 0  # nothing else was ever waiting behind them
-    assert [run.id for run in runs] == [m.idempotency_key for m in committed]
-    assert runs[2].id == "order-42"
+    assert [run.id for run in runs] == [m.idempotency_key for m in sent]
     assert [(run.args, run.kwargs) for run in runs] == [
-        ((), {"marker": "committed", "n": 1}),
+        ((), {"marker": "kw", "n": 1}),
         ((["a", 1],), {}),
         ((), {}),
     ]
-    first, message = runs[0], committed[0]
+    first, message = runs[0], sent[0]
     assert first.attributes == {
         "traceparent": TRACEPARENT,
         "tenant_id": "acme",
         "enqueued_by": "user:7",
-        "idempotency_key": message.idempotency_key,
+        "idempotency_key": "order-42",
         "outbox_id": str(message.id),
         "outbox_queue": queue,
-        "max_attempts": message.max_attempts,
+        "max_attempts": 5,
         "run_at": message.run_at.isoformat(),
         "staged_at": message.staged_at.isoformat(),
     }
-    assert first.headers["traceparent"] == TRACEPARENT  # where OpenTelemetry looks
-    assert runs[1].attributes["traceparent"] is None
-    assert relay.pending() == 0
+    assert first.headers["traceparent"] == TRACEPARENT
+    assert runs[1].attributes["traceparent"] is None and runs[1].attributes["tenant_id"] is None
 
 
-@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "one-by-one"])
-def test_jobs_run_in_the_order_they_were_committed(
-    pg_engine: Engine, make_relay: MakeRelay, queue: str, pipeline: bool
+def test_pipelined_jobs_run_in_the_order_they_were_committed(
+    pg_engine: Engine, make_relay: MakeRelay, queue: str
 ) -> None:
-    """Jobs of several transactions run in commit order, then enqueue order, with one worker;
-    pipelined and one-by-one publishing keep the same order."""
+    """Jobs of several transactions, published pipelined (the default), run in commit order,
+    then enqueue order, with one worker, like the one-by-one publishing the conformance suite
+    runs."""
     for start, count in ((0, 5), (5, 3), (8, 4)):
         calls = [({"n": n}, {"queue": queue}) for n in range(start, start + count)]
         enqueue_all(pg_engine, calls, commit=True)
-    publisher = CeleryPublisher(tasks.app, pipeline=pipeline)
+    publisher = CeleryPublisher(tasks.app)  # pipelined by default
     relay = make_relay(pg_engine, publisher, batch_size=5)  # three passes, one partly filled
     with worker(tasks.app, queue):
         assert relay.drain().published == 12
@@ -201,27 +190,6 @@ def test_a_failed_message_stops_the_pass_after_the_confirmed_prefix(
     assert rows[2].attempts == 1
     assert "no_such_queue" in rows[2].last_error
     assert (rows[3].attempts, rows[3].last_error) == (0, None)
-
-
-def test_the_cli_relays_to_a_celery_worker(pg_engine: Engine, pg_url: Any, queue: str) -> None:
-    """``sqla-outbox relay --once --publisher celery:<module>:<app>`` sends the committed jobs,
-    which the worker then runs."""
-    spec = "celery:tests.brokers.celery_app_for_tests:app"  # imported from the repository root
-    from sqla_outbox.publishers.loader import resolve_publisher  # noqa: PLC0415
-
-    try:
-        # In this process the module is imported under pytest's name for it.
-        made = resolve_publisher(f"celery:{tasks.__name__}:app")
-    except PublisherError as error:
-        pytest.skip(f"the CLI does not route celery: URLs to celery_tasks.from_url yet ({error})")
-    getattr(made, "close", lambda: None)()
-    messages = enqueue_all(pg_engine, [({"n": n}, {"queue": queue}) for n in range(3)], commit=True)
-    url = pg_url.render_as_string(hide_password=False)
-    with worker(tasks.app, queue):
-        done = run_cli("relay", "--once", "--url", url, "--publisher", spec)
-        assert done.returncode == 0, done.stderr
-        runs = tasks.wait_for_runs(queue, lambda runs: len(runs) >= 3, WAIT)
-    assert [run.id for run in runs] == [m.idempotency_key for m in messages]
 
 
 def test_an_instrumented_relay_keeps_the_trace_of_the_request_that_enqueued(
@@ -375,68 +343,6 @@ def test_a_message_due_later_carries_an_eta_and_queue_map_renames_queues(
     assert run.attributes["outbox_queue"] == "later"
 
 
-# -- broker failures ----------------------------------------------------------------------------
-
-
-def test_a_broker_that_is_down_fails_the_pass_quickly_and_is_recorded(
-    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
-) -> None:
-    """With nothing listening on the broker's port, publishing raises within seconds (bounded
-    retries, not a hang) as an outage: the drain stops, the row is handed back with nothing
-    charged to it, and the relay logs why."""
-    down = Celery("down", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
-    publisher = CeleryPublisher(down)
-    [message] = enqueue_all(pg_engine, [({"n": 0}, {})], commit=True)
-    try:
-        started = time.monotonic()
-        with pytest.raises(CeleryUnavailableError, match="Connection refused") as info:
-            publisher.publish(message)
-        assert time.monotonic() - started < 10
-        assert is_outage(info.value)
-        started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
-            result = make_relay(pg_engine, publisher).drain()
-        assert time.monotonic() - started < 10
-    finally:
-        publisher.close()
-        down.close()
-    assert (result.published, result.failed, result.outage) == (0, True, True)
-    assert_uncharged(pg_engine, [message])
-    [line] = logged(caplog, "relay.broker_unavailable")
-    assert "Connection refused" in line and "handed_back=1" in line
-
-
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
-def test_the_publisher_reconnects_after_a_broker_restart(pg_engine: Engine, tmp_path: Path) -> None:
-    """The same publisher publishes, fails while its broker is down, and publishes again once the
-    broker is back: the broken connection is dropped and a new one opened, without a restart."""
-    first, second, third = enqueue_all(
-        pg_engine, [({"n": n}, {"queue": "restart_q"}) for n in range(3)], commit=True
-    )
-    with throwaway.redis_server(tmp_path) as server:  # no persistence: restarts empty
-        port = server.port
-        app = Celery("restart", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
-        publisher = CeleryPublisher(app)
-        try:
-            publisher.publish(first)
-            client = redis.Redis(port=port)
-            assert client.llen("restart_q") == 1
-            client.close()
-            server.stop()
-            started = time.monotonic()
-            with pytest.raises(CeleryUnavailableError, match="Connection refused"):
-                publisher.publish(second)
-            assert time.monotonic() - started < 10
-            server.start()
-            publisher.publish_batch([second, third])
-            client = redis.Redis(port=port)
-            assert client.llen("restart_q") == 2  # the server restarted empty
-            client.close()
-        finally:
-            publisher.close()
-            app.close()
-
-
 # -- outage or message failure ------------------------------------------------------------------
 
 
@@ -581,35 +487,6 @@ def test_a_refusal_of_the_message_is_not_an_outage(
 # -- from_url and the constructor ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("celery:nosuchmodule:app", "Cannot import module 'nosuchmodule'"),
-        ("celery:json:dumps", "which is not a celery.Celery app"),
-        ("celery:json:no_such_name", "has no attribute 'no_such_name'"),
-        ("celery:json", "has no Celery app"),
-        ("celery://broker:6379", "does not name a Celery app"),
-        ("celery:", "does not name a Celery app"),
-        ("celery:my app:app", "does not name a Celery app"),
-        ("redis://localhost", "is not a Celery URL"),
-        ("celery:json:dumps?max_retries=-1", "max_retries='-1'"),
-        ("celery:json:dumps?max_retries=many", "must be a whole number"),
-        ("celery:json:dumps?interval_step=inf", "must be a finite number"),
-        ("celery:json:dumps?confirm_timeout=0", "above 0"),
-        ("celery:json:dumps?confirm=maybe", "must be true or false"),
-        ("celery:json:dumps?bogus=1", "unknown option 'bogus'"),
-        ("celery:json:dumps?pipeline=true&pipeline=false", "sets option 'pipeline' twice"),
-        ("celery:json:dumps?=&", "not a query string"),
-    ],
-)
-def test_from_url_refuses_bad_urls_with_one_sentence(url: str, expected: str) -> None:
-    """Every malformed URL, unusable app path or bad option is one PublisherError sentence that
-    quotes the URL and says what to write instead."""
-    message = publisher_error(from_url, url)  # one sentence
-    assert expected in message
-    assert repr(url) in message
-
-
 def test_from_url_builds_the_publisher_with_its_options() -> None:
     """Options in the query string reach the publisher; a bare module finds its ``app`` the way
     ``celery -A`` does."""
@@ -645,27 +522,3 @@ def test_the_constructor_checks_its_arguments() -> None:
         CeleryPublisher(tasks.app, retry_policy={"retries": 3})
     with pytest.raises(ArgumentTypeError, match="queue_map"):
         CeleryPublisher(tasks.app, queue_map={"emails": ""})
-
-
-def test_without_celery_installed_the_module_imports_and_says_how_to_install_it() -> None:
-    """The module imports without Celery, so the CLI can explain; ``from_url`` and the
-    constructor then raise a PublisherError carrying the pip line."""
-    done = without_client(
-        "celery",
-        "celery_tasks",
-        "celery_tasks.from_url('celery:myapp:app')",
-        "celery_tasks.CeleryPublisher(object())",
-    )
-    lines = done.stdout.splitlines()
-    assert len(lines) == 2, done.stdout + done.stderr
-    for line in lines:
-        assert 'needs the celery client: pip install "sqla-outbox[celery]"' in line
-
-
-def test_the_cli_reports_a_bad_celery_spec_in_one_line(pg_url: Any) -> None:
-    """A Celery app path that does not import is one error line from the CLI, no traceback."""
-    url = pg_url.render_as_string(hide_password=False)
-    done = run_cli("relay", "--once", "--url", url, "--publisher", "celery:nosuchmodule:app")
-    assert done.returncode != 0
-    assert "Cannot import module 'nosuchmodule'" in done.stderr
-    assert "Traceback" not in done.stderr

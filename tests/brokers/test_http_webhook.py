@@ -1,4 +1,9 @@
-"""The HTTP webhook publisher against a real HTTP server running in the test process.
+"""What only the HTTP webhook publisher promises; ``test_conformance.py`` runs the rest.
+
+The shared scenarios (what arrives and in what order, bad URLs, an endpoint that is down or
+answers 422, an endpoint restarted under a running relay) run there through
+``adapters/http_webhook.py``. This file pins the webhook's own behaviour: the request it makes,
+signing, which statuses are outages, redirects, dropped and hanging connections.
 
 The endpoint (``endpoint.py``) is the standard library's ``ThreadingHTTPServer`` on 127.0.0.1 (a
 free port), which records every request and answers 204, or whatever the test scripted for a
@@ -13,8 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,13 +31,9 @@ from support import (
     assert_charged,
     assert_uncharged,
     expire_backoffs,
-    logged,
-    publisher_error,
     row,
     run_cli,
     stage_inputs,
-    wait_until,
-    without_client,
 )
 
 from sqla_outbox.errors import PublisherError
@@ -88,42 +87,33 @@ def verify(secret: bytes, headers: dict[str, str], body: bytes, tolerance: float
 # --- delivery ----------------------------------------------------------------------------------
 
 
-def test_committed_messages_are_posted_in_order_with_their_headers(
-    pg_engine: Engine, endpoint: Endpoint, make_relay: MakeRelay
-) -> None:
-    """Only committed jobs are POSTed, in enqueue order, as to_dict() JSON with the dedup key
-    and trace context in headers; sqla-outbox's options are stripped from the URL, the
-    endpoint's own query parameters kept as written."""
-    first = enqueue(pg_engine, {"order": 1}, {"order": 2})
-    enqueue(pg_engine, {"order": "rolled back"}, commit=False)
-    second = enqueue(pg_engine, {"order": 3, "name": "Zoë"})
-    committed = first + second
+def test_each_post_is_the_message_as_json_with_its_headers(endpoint: Endpoint) -> None:
+    """The body is to_dict() as JSON; the headers say what it is and who sent it, with no
+    signature or Authorization unless configured; sqla-outbox's options are stripped from the
+    URL and the endpoint's own query parameters kept as written."""
+    message = one_message()._replace(**ENVELOPE)
     url = endpoint.url(query="source=outbox&timeout=5&tag=a%20b&connect_timeout=2")
+    with http_webhook.from_url(url) as publisher:
+        publisher.publish(message)
 
-    relay = make_relay(pg_engine, http_webhook.from_url(url))
-    assert relay.drain().published == 3
-
-    assert endpoint.delivered() == [m.to_dict() for m in committed]
-    for request, message in zip(endpoint.requests, committed, strict=True):
-        assert request.path == "/hooks/outbox?source=outbox&tag=a%20b"
-        headers = request.headers
-        assert headers["Content-Type"] == "application/json"
-        assert headers["Idempotency-Key"] == message.idempotency_key
-        assert headers["traceparent"] == TRACEPARENT
-        assert headers["X-Outbox-Id"] == str(message.id)
-        assert headers["X-Outbox-Job"] == "notify_partner"
-        assert headers["User-Agent"].startswith("sqla-outbox/")
-        assert "X-Outbox-Signature" not in headers and "Authorization" not in headers
-    assert relay.pending() == 0
+    [request] = endpoint.requests
+    assert request.message == message.to_dict()
+    assert request.path == "/hooks/outbox?source=outbox&tag=a%20b"
+    headers = request.headers
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Outbox-Id"] == str(message.id)
+    assert headers["X-Outbox-Job"] == "notify_partner"
+    assert headers["User-Agent"].startswith("sqla-outbox/")
+    assert "X-Outbox-Signature" not in headers and "Authorization" not in headers
 
 
-def test_a_500_stops_the_pass_records_the_status_and_the_next_pass_sends_the_rest(
+def test_a_500_is_charged_with_its_status_and_body_and_nothing_behind_it_is_sent(
     pg_engine: Engine, endpoint: Endpoint, make_relay: MakeRelay
 ) -> None:
     """A 500 on message 3 of 5 (one transaction) is a message failure: 1-2 are published, 3 is
-    charged with the status and the start of the body in last_error and backs off, 4-5 are not
-    even sent and are handed back uncharged; once the endpoint recovers and the backoff ends,
-    the relay delivers 3-5 in order."""
+    charged with the status and the start of the body, on one line, in last_error, and 4-5 are
+    not even sent (one POST at a time) and are handed back uncharged; once the endpoint recovers
+    and the backoff ends, the relay delivers 3-5 in order."""
     messages = enqueue(pg_engine, *({"n": n} for n in range(1, 6)))
     endpoint.answers[str(messages[2].id)] = (500, "database is\n  down, try later", {})
     relay = make_relay(pg_engine, http_webhook.from_url(endpoint.url()), retry_base=60)
@@ -181,48 +171,6 @@ def test_requests_are_signed_with_a_secret_taken_from_the_environment(
         )
         assert not verify(b"another secret", request.headers, request.body)
         assert not verify(secret.encode(), request.headers, request.body + b" ")
-
-
-# --- endpoint down -----------------------------------------------------------------------------
-
-
-def test_a_down_endpoint_fails_passes_without_marking_and_the_running_relay_delivers_later(
-    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Connection refused is an outage: every pass fails, nothing is marked, no row is charged
-    an attempt, the error is logged, and the background relay keeps trying, backing off as a
-    whole; once a server listens on the port again it delivers all, in order, without a
-    restart."""
-    first = Endpoint()
-    port = first.port
-    first.shut()
-    messages = enqueue(pg_engine, {"n": 1}, {"n": 2}, {"n": 3})
-    relay = make_relay(pg_engine, http_webhook.from_url(f"http://127.0.0.1:{port}/hook"))
-    relay.max_backoff = 0.5  # retry soon after the endpoint is back
-
-    with caplog.at_level(logging.WARNING, logger="sqla_outbox"):
-        relay.start()
-        # Two outage passes: the loop survived a failed pass and tried again.
-        wait_until(lambda: len(logged(caplog, "relay.broker_unavailable")) >= 2, "two outages")
-        line = logged(caplog, "relay.broker_unavailable")[0]
-        assert "ConnectError" in line and "it was not delivered" in line
-        assert "published=0 handed_back=3" in line
-        # Between passes the rows are handed back, blameless.
-        wait_until(
-            lambda: all(row(pg_engine, m).claimed_by is None for m in messages), "a hand-back"
-        )
-        for message in messages:
-            handed_back = row(pg_engine, message)
-            assert (handed_back.attempts, handed_back.last_error) == (0, None)
-        assert relay.pending() == 3
-
-    back = Endpoint(port)
-    try:
-        wait_until(lambda: relay.pending() == 0, "delivery after the endpoint came back")
-        relay.stop()
-        assert back.delivered() == [m.to_dict() for m in messages]
-    finally:
-        back.shut()
 
 
 # --- outage or message failure ----------------------------------------------------------------
@@ -294,30 +242,6 @@ def test_an_endpoint_that_does_not_answer_in_time_is_an_outage(endpoint: Endpoin
 # --- configuration -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("http://127.0.0.1:notaport/hook", "is malformed"),
-        ("ftp://example.com/hook", "not an http:// or https:// URL"),
-        ("http:///hook", "not an http:// or https:// URL"),
-        ("http://example.com/hook?timeout=0", "timeout must be a positive, finite number"),
-        ("http://example.com/hook?timeout=soon", "got 'soon'"),
-        ("http://example.com/hook?connect_timeout=-1", "connect_timeout must be"),
-        ("http://example.com/hook?timeout=1&timeout=2", "'timeout' twice"),
-        ("http://example.com/hook?hmac_secret_env=SQLA_OUTBOX_TEST_UNSET", "not set"),
-        ("http://example.com/hook?authorization_env=", "not set"),
-        ("http://example.com/hook?ca_file=/nonexistent/ca.pem", "ca_file='/nonexistent/ca.pem'"),
-        ("http://u:hunter2@example.com/hook?timeout=0", "http://u:***@example.com/hook"),
-    ],
-)
-def test_from_url_rejects_a_bad_url_in_one_sentence(url: str, expected: str) -> None:
-    """A malformed URL or bad option is a PublisherError with the value (password hidden) and
-    the fix, raised by from_url before any request is made."""
-    assert "SQLA_OUTBOX_TEST_UNSET" not in os.environ
-    text = publisher_error(http_webhook.from_url, url)
-    assert expected in text and "hunter2" not in text
-
-
 def test_constructor_arguments_override_the_url_and_guard_the_headers_it_sets() -> None:
     """Keywords win over URL options; extra headers may not replace the ones carrying the
     dedup key, trace or signature."""
@@ -339,11 +263,11 @@ def test_constructor_arguments_override_the_url_and_guard_the_headers_it_sets() 
 # --- command line ------------------------------------------------------------------------------
 
 
-def test_cli_relay_once_posts_the_committed_messages(
+def test_the_cli_signs_with_the_secret_the_url_names(
     pg_url: URL, pg_engine: Engine, endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``sqla-outbox relay --once --publisher http://...`` POSTs what is committed, signed with
-    the secret from the environment variable the URL names."""
+    """``sqla-outbox relay --once --publisher http://...?hmac_secret_env=NAME`` signs every POST
+    with the secret it reads from that variable of its own environment."""
     messages = enqueue(pg_engine, {"n": 1}, {"n": 2})
     enqueue(pg_engine, {"n": "rolled back"}, commit=False)
     monkeypatch.setenv("TEST_OUTBOX_WEBHOOK_SECRET", "cli-secret")  # the CLI inherits it
@@ -353,10 +277,3 @@ def test_cli_relay_once_posts_the_committed_messages(
     assert result.returncode == 0, result.stderr
     assert endpoint.delivered() == [m.to_dict() for m in messages]
     assert all(verify(b"cli-secret", r.headers, r.body) for r in endpoint.requests)
-
-
-def test_without_httpx_the_module_imports_and_from_url_names_the_install_line() -> None:
-    """The module stays importable without the extra; from_url says what to pip install."""
-    result = without_client("httpx", "http_webhook", "http_webhook.from_url('http://localhost/')")
-    assert "needs the httpx client" in result.stdout
-    assert 'pip install "sqla-outbox[http]"' in result.stdout

@@ -1,5 +1,5 @@
 """Throwaway brokers: a private redis-server or nats-server a test may stop and restart, and a
-TCP proxy a test may cut, for a broker that cannot be stopped (the shared RabbitMQ).
+TCP proxy a test may cut and restore, for a broker that cannot be stopped (the shared RabbitMQ).
 
 The shared brokers on the default ports must never be stopped by a test, so a test that needs a
 broker outage starts its own on a free loopback port, with its data in a temporary directory.
@@ -153,11 +153,13 @@ def nats_server(workdir: Path) -> Iterator[BrokerProcess]:
 
 
 class TcpProxy:
-    """Forwards a free loopback port to ``upstream_port``; :meth:`cut` ends it for good.
+    """Forwards a free loopback port to ``upstream_port``; :meth:`cut` ends it, :meth:`start`
+    listens again on the same port.
 
     Cutting closes the listening socket and every connection made through it, so a client
     sees its broker vanish mid-connection, and its reconnects are refused, without the broker
-    itself being touched. Use it as a context manager; leaving the block cuts it.
+    itself being touched: to the client it is a broker that stopped, and after :meth:`start`
+    one that restarted. Use it as a context manager; leaving the block cuts it.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -168,6 +170,15 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._cut = False
+        self._spawn(self._accept)
+
+    def start(self) -> None:
+        """Listen on the same port again after :meth:`cut`, as a restarted broker would."""
+        with self._lock:
+            assert self._cut, "the proxy is already running"
+            # create_server sets SO_REUSEADDR: the cut connections' TIME_WAIT does not block it.
+            self._listener = socket.create_server(("127.0.0.1", self.port))
+            self._sockets, self._threads, self._cut = [], [], False
         self._spawn(self._accept)
 
     def __enter__(self) -> TcpProxy:
@@ -198,9 +209,10 @@ class TcpProxy:
         thread.start()
 
     def _accept(self) -> None:
+        listener = self._listener
         while True:
             try:
-                client, _address = self._listener.accept()
+                client, _address = listener.accept()
             except OSError:
                 return  # cut
             try:
