@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
 from typing import Any, cast
@@ -104,6 +105,8 @@ class Claimed:
     """Rows the mark written with this claim freed: claimable from the next statement on."""
     crowded: bool = False
     """Something before the claimed rows was not claimable (see ``queries.claim_stmt``)."""
+    taken_at: float = field(default_factory=time.monotonic)
+    """When the claim came back (``time.monotonic()``); its lease runs from about then."""
 
 
 class ClaimStatements:
@@ -289,6 +292,17 @@ class ClaimStatements:
             marked = result.rowcount
             conn.execute(cast("Executable", self._unpark), {"ids": ids})
         self._check(token, "mark", expected=len(ids), touched=marked)
+
+    @property
+    def can_claim_ahead(self) -> bool:
+        """Whether a claim may run on another thread while a pass publishes: on PostgreSQL,
+        where every claim is one autocommit statement (SQLite claims under its write lock)."""
+        return self._pg
+
+    def release(self, claimed: Claimed) -> None:
+        """Hand ``claimed`` back unpublished and uncharged (a claim taken ahead of a pass that
+        stopped; see :mod:`sqla_outbox.overlap`)."""
+        self.settle(claimed, PassOutcome(handed_back=list(claimed.messages)))
 
     def settle(self, claimed: Claimed, outcome: PassOutcome) -> list[OutboxMessage]:
         """Write back one pass: mark what was published, charge what failed (retry backoff or

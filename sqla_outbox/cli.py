@@ -279,6 +279,14 @@ def cli() -> None:
     "failed message until it is.",
 )
 @click.option(
+    "--overlap/--no-overlap",
+    default=None,
+    envvar=_env("OVERLAP"),
+    show_envvar=True,
+    help="Claim the next rows while a pass publishes. Default: on for the bundled brokers "
+    "where it was measured to pay (docs/performance.md), off otherwise.",
+)
+@click.option(
     "--max-publish-attempts",
     type=_AttemptsType(),
     default=DEFAULT_MAX_PUBLISH_ATTEMPTS,
@@ -376,6 +384,7 @@ def relay(
     relay_id: str | None,
     poll_only: bool,
     order: str,
+    overlap: bool | None,
     max_publish_attempts: int | None,
     retry_base: float,
     retry_max: float,
@@ -424,6 +433,7 @@ def relay(
             relay_id=relay_id,
             poll_only=poll_only,
             order=order,
+            overlap=overlap,
             max_publish_attempts=max_publish_attempts,
             retry_base=retry_base,
             retry_max=retry_max,
@@ -468,6 +478,7 @@ def _build_relay(
     retry_base: float,
     retry_max: float,
     retain_published: dt.timedelta | None = None,
+    overlap: bool | None = None,
 ) -> Relay:
     # The constructor is the one place these values are validated; the CLI only renames the
     # argument in its message to the flag.
@@ -485,6 +496,7 @@ def _build_relay(
             retry_base=retry_base,
             retry_max=retry_max,
             retain_published=retain_published,
+            overlap=overlap,
         )
     except ConfigurationError as error:
         raise _flag_error(ctx, error) from error

@@ -72,6 +72,7 @@ from sqla_outbox.message import OutboxMessage
 from sqla_outbox.metrics import Registry, relay_metrics
 from sqla_outbox.notify import subscribe, unsubscribe
 from sqla_outbox.observers import PassObserver, PassReport
+from sqla_outbox.overlap import ClaimAhead, wants_overlap
 from sqla_outbox.preflight import RELAY_PRIVILEGES, check_outbox_table, engine_from_url, relay_bind
 from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
 from sqla_outbox.publishing import ENDS_PROCESS, PassOutcome, publish_claim
@@ -202,6 +203,10 @@ class Relay:
         :class:`~sqla_outbox.retention.BackgroundPurge`; logged as ``relay.purged``). Needs
         ``DELETE`` on the table. ``None`` (default): published rows are kept; purge them with
         :func:`~sqla_outbox.purge` or ``sqla-outbox purge``.
+    :param overlap: claim the next rows while a pass publishes (:mod:`sqla_outbox.overlap`):
+        ``None`` (default) does it for publishers that declare ``overlap = True`` (the bundled
+        brokers where it was measured to pay); ``True``/``False`` decide for any publisher.
+        PostgreSQL only: on SQLite a relay claims between passes whatever this says.
 
     .. attribute:: max_backoff
 
@@ -226,6 +231,7 @@ class Relay:
         retry_max: float = DEFAULT_RETRY_MAX,
         registry: Registry | None = None,
         retain_published: dt.timedelta | None = None,
+        overlap: bool | None = None,
     ) -> None:
         self.batch_size = resolve_batch_size(batch_size)
         self.poll_interval = resolve_poll_interval(poll_interval)
@@ -259,6 +265,11 @@ class Relay:
             self._statements.renew, self.claim_lease.total_seconds() / 3, self.relay_id
         )
         self._unmarked: Unmarked | None = None
+        self._ahead = (
+            ClaimAhead(self._statements, self.relay_id)
+            if wants_overlap(publisher, overlap) and self._statements.can_claim_ahead
+            else None
+        )
         self._pass_lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -326,28 +337,39 @@ class Relay:
 
     def _pass(self, *, interruptible: bool, defer_mark: bool = False) -> PassResult:
         """Claim, publish, settle. With ``defer_mark`` the caller claims again straight away,
-        so a claim published in full leaves its mark to ride on that next claim."""
+        so a claim published in full leaves its mark to ride on that next claim, and a relay
+        that overlaps (:mod:`sqla_outbox.overlap`) sends that claim while this one publishes."""
         with self._pass_lock:
-            token = f"{self.relay_id}:{secrets.token_hex(8)}"
-            unmarked, self._unmarked = self._unmarked, None
-            try:
-                claimed = self._statements.claim(token, unmarked)
-            except BaseException:
-                # The mark went down with the claim carrying it: keep it for the next attempt
-                # (or for _end_passes). Writing it twice is harmless: the mark is fenced.
-                self._unmarked = unmarked
-                raise
-            if not claimed.messages:
-                return PassResult()
+            ahead = self._ahead if defer_mark else None
+            claimed = ahead.take(self._renewal.interval) if ahead is not None else None
+            if claimed is None:
+                claimed = self._claim()
+                if not claimed.messages:
+                    return PassResult()
+            carried: Unmarked | None = None
+            if ahead is not None and not self._stopping.is_set():
+                carried, self._unmarked = self._unmarked, None
+                ahead.start(self._new_token(), carried)
             started = time.perf_counter()
             outcome = self._publish_claim(claimed, interruptible)
+            ahead_error = self._claimed_ahead(carried)
             dead: list[OutboxMessage] = []
-            if defer_mark and outcome.complete and not self._stopping.is_set():
-                self._unmarked = Unmarked(token, [m.id for m in outcome.published])
+            if (
+                defer_mark
+                and outcome.complete
+                and ahead_error is None
+                and not self._stopping.is_set()
+            ):
+                self._unmarked = Unmarked(claimed.token, [m.id for m in outcome.published])
             else:
                 dead = self._settle(claimed, outcome)
+                if ahead is not None:
+                    # A failure, an outage or a stop: what was claimed ahead goes back untried.
+                    ahead.hand_back()
             if self._observers:
                 self._report(claimed, outcome, dead, time.perf_counter() - started)
+            if ahead_error is not None:
+                raise ahead_error
             if outcome.outage is not None:
                 log_event(
                     log,
@@ -367,12 +389,39 @@ class Relay:
                 outcome.outage is not None,
             )
 
+    def _claim(self) -> Claimed:
+        """The pass's claim, with the last pass's deferred mark riding on it."""
+        unmarked, self._unmarked = self._unmarked, None
+        try:
+            return self._statements.claim(self._new_token(), unmarked)
+        except BaseException:
+            # The mark went down with the claim carrying it: keep it for the next attempt (or
+            # for _end_passes). Writing it twice is harmless: the mark is fenced.
+            self._unmarked = unmarked
+            raise
+
+    def _claimed_ahead(self, carried: Unmarked | None) -> BaseException | None:
+        """Wait for the claim sent ahead and keep it for the next pass; what it raised, if it
+        failed (the mark it carried is then owed again)."""
+        ahead = self._ahead
+        if ahead is None or not ahead.started:
+            return None
+        try:
+            ahead.keep(ahead.wait())
+        except BaseException as error:
+            self._unmarked = carried
+            return error
+        return None
+
+    def _new_token(self) -> str:
+        return f"{self.relay_id}:{secrets.token_hex(8)}"
+
     def _publish_claim(self, claimed: Claimed, interruptible: bool) -> PassOutcome:
         """Publish one claim in order while its lease is renewed."""
         stopping = self._stopping if interruptible else threading.Event()
         claim = Claim(claimed.token, [m.id for m in claimed.messages])
         lost = claim.lost
-        self._renewal.begin(claim)
+        self._renewal.begin(claim, since=claimed.taken_at)
         try:
             return publish_claim(
                 claimed.messages,
@@ -425,6 +474,8 @@ class Relay:
             try:
                 if unmarked is not None:
                     self._statements.mark(unmarked)
+                if self._ahead is not None:
+                    self._ahead.hand_back()
             except Exception as error:
                 if not quiet:
                     raise
@@ -674,6 +725,8 @@ class Relay:
         the caller's. Also called on leaving a ``with Relay(...) as relay:`` block.
         """
         self._end_passes(quiet=True)
+        if self._ahead is not None:
+            self._ahead.close()
         self._renewal.close()
         close = getattr(self.publisher, "close", None)
         if callable(close):

@@ -70,13 +70,15 @@ class LeaseRenewal:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def begin(self, claim: Claim) -> None:
-        """Start renewing ``claim`` (the pass is about to publish it)."""
+    def begin(self, claim: Claim, since: float | None = None) -> None:
+        """Start renewing ``claim`` (the pass is about to publish it), first ``interval``
+        seconds after ``since`` (``time.monotonic()`` when it was claimed; default now): a
+        claim taken ahead of its pass is renewed on its own lease's schedule."""
         with self._cond:
             if self._closed:
                 return
             self._claim = claim
-            self._due = time.monotonic() + self.interval
+            self._due = (time.monotonic() if since is None else since) + self.interval
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"{self._name}-renew", daemon=True

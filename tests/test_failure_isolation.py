@@ -310,11 +310,14 @@ def test_a_second_relay_finds_work_behind_a_transaction_the_first_is_publishing(
         worker.join(WAIT)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_two_relays_with_a_lease_shorter_than_a_pass_publish_each_message_once(
-    pg_engine: Engine, make_relay: MakeRelay
+    pg_engine: Engine, make_relay: MakeRelay, overlap: bool
 ) -> None:
     """claim_lease=1 and a publisher taking 0.35 s a message (2.1 s a pass of 6): renewal keeps
-    each claim alive, so two relays publish each of 12 messages exactly once."""
+    each claim alive, so two relays publish each of 12 messages exactly once. Claiming ahead,
+    the next claim waits a whole pass, twice its lease, before it is published: it is renewed
+    first, or handed back if another relay took its rows meanwhile."""
     stage_each(pg_engine, ((f"m{n}", None) for n in range(12)))
     seen: Counter[str] = Counter()
     lock = threading.Lock()
@@ -325,7 +328,9 @@ def test_two_relays_with_a_lease_shorter_than_a_pass_publish_each_message_once(
             seen[message.job] += 1
 
     relays = [
-        make_relay(pg_engine, slow, batch_size=6, claim_lease=1, poll_interval=0.05)
+        make_relay(
+            pg_engine, slow, batch_size=6, claim_lease=1, poll_interval=0.05, overlap=overlap
+        )
         for _ in range(2)
     ]
     for relay in relays:
@@ -412,8 +417,9 @@ def _read_record(path: Any) -> list[uuid.UUID]:
     return [uuid.UUID(line) for line in path.read_text("utf-8").split("\n")[:-1] if line]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_sigkill_with_two_relays_keeps_every_key_in_order(
-    pg_engine: Engine, make_relay: MakeRelay, tmp_path: Any
+    pg_engine: Engine, make_relay: MakeRelay, tmp_path: Any, overlap: bool
 ) -> None:
     """Three ordering keys, 20 single-message transactions each, interleaved. A relay process and
     an in-process relay publish them at once, into one append-only record; the process is
@@ -436,8 +442,11 @@ def test_sigkill_with_two_relays_keeps_every_key_in_order(
         sys.executable, "-m", "sqla_outbox.cli", "relay", "--claim-lease", "2",
         "--batch-size", "5", "--poll-interval", "0.05", "--relay-id", "doomed",
         "--publisher", "tests.publishers_for_tests:slow_recorder",
+        "--overlap" if overlap else "--no-overlap",
     ]  # fmt: skip
-    survivor = make_relay(pg_engine, append, batch_size=5, claim_lease=2, poll_interval=0.05)
+    survivor = make_relay(
+        pg_engine, append, batch_size=5, claim_lease=2, poll_interval=0.05, overlap=overlap
+    )
     with subprocess.Popen(
         command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     ) as proc:
