@@ -533,13 +533,16 @@ class Relay:
 
     def check(self) -> None:
         """Raise :class:`MissingTableError` unless the outbox table exists, and on PostgreSQL
-        :class:`MissingPrivilegeError` unless this role may SELECT and UPDATE it; each says the
-        fix. One statement; run it before :meth:`run` or :meth:`start` to fail fast.
+        :class:`MissingPrivilegeError` unless this role may SELECT and UPDATE it (and DELETE
+        from it with ``retain_published``); each says the fix. One statement; run it before
+        :meth:`run` or :meth:`start` to fail fast.
 
         Also raises SQLAlchemy's ``OperationalError`` when the database cannot be reached.
         """
+        privileges = RELAY_PRIVILEGES if self.retention is None else (*RELAY_PRIVILEGES, "DELETE")
+        needed_by = "the relay" if self.retention is None else "the relay with retain_published"
         with self.engine.connect() as conn:
-            check_outbox_table(conn, RELAY_PRIVILEGES, needed_by="the relay")
+            check_outbox_table(conn, privileges, needed_by=needed_by)
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ Roles are cluster-wide in PostgreSQL, so the ones these tests create are dropped
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -103,6 +104,24 @@ def test_relay_once_names_the_missing_update_privilege(
     again = run_cli("relay", "--once", url=url.render_as_string(False), publisher="stdout")
     assert again.returncode == 0, again.stderr
     assert published(pg_engine) == 1
+
+
+def test_a_relay_that_purges_needs_delete(pg_engine: Engine, make_role: MakeRole) -> None:
+    """With retain_published the relay deletes old rows, so check() names DELETE and its GRANT
+    (instead of a `relay.purge_failed` warning once a minute); without it, it does not ask."""
+    url = make_role("SELECT", "UPDATE")
+    engine = create_engine(url)
+    try:
+        outbox.Relay(engine, lambda message: None).check()
+        purging = outbox.Relay(engine, lambda message: None, retain_published=dt.timedelta(days=7))
+        with pytest.raises(MissingPrivilegeError) as caught:
+            purging.check()
+        assert str(caught.value) == (
+            f"Role '{url.username}' lacks DELETE on table 'public.outbox', which the relay with "
+            f"retain_published needs. Grant it: GRANT DELETE ON public.outbox TO {url.username};"
+        )
+    finally:
+        engine.dispose()
 
 
 def test_long_running_relay_fails_fast_on_missing_privileges(make_role: MakeRole) -> None:
