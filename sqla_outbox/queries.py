@@ -240,13 +240,23 @@ def _candidates(dialect: str, order: str, previous_claim: Any, size: str) -> Any
 def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> Any:
     """Whether anything may hold a candidate back, as a one-row CTE (column ``crowded``).
 
-    Not crowded when the due, unpublished rows up to the last candidate are exactly the
-    candidates: then no row of any candidate's transaction or key is held anywhere before it.
-    One range scan of the unpublished index, stopped one row past the ``:size`` candidates,
-    decides it. Conservative: a row a concurrent claim locked, stamped or published after this
-    statement's snapshot counts as crowding, never the other way round.
+    A candidate is held by a due, unpublished row of its transaction or key before it that is
+    not a candidate. Not crowded when neither kind of holder can be there:
+
+    * **In flight**: a row in another claim, or locked by one this instant. None when the due,
+      unpublished rows of the claim index up to the last candidate, backoffs aside, are exactly
+      the candidates: one range scan, stopped one row past the ``:size`` candidates.
+    * **Stuck**: a dead letter, a row in retry backoff, a parked row. Those are few, stay for
+      a while, and hold only their own transaction and key: none may share a transaction or
+      key with a candidate (probed through the small partial indexes of failed and parked
+      rows), wherever it is. A relay passing dead letters or a retrying message thus keeps
+      the fast claim for everything they do not hold.
+
+    Conservative: a row a concurrent claim locked, stamped or published after this statement's
+    snapshot, or a stuck row after the candidate it shares a key with, counts as crowding.
     """
     t = outbox_table
+    now = _now(dialect)
     last = (
         select(candidates.c.staged_at, candidates.c.id)
         .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
@@ -256,17 +266,45 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
     ahead_row = t.alias("ahead")
     ahead = (
         select(literal_column("1"))
-        .where(*_holding(ahead_row, dialect, previous_claim), _position(ahead_row) <= last)
+        .where(
+            *_holding(ahead_row, dialect, previous_claim),
+            ahead_row.c.dead_at.is_(None),  # the claim index's rows: no dead or parked ones
+            ~ahead_row.c.parked,
+            or_(ahead_row.c.retry_at.is_(None), ahead_row.c.retry_at <= now),
+            _position(ahead_row) <= last,
+        )
         .order_by(ahead_row.c.staged_at, ahead_row.c.id)
         .limit(_inline(size) + literal_column("1"))
         .subquery("ahead")
     )
-    return select(
-        (
-            select(func.count()).select_from(ahead).scalar_subquery()
-            > select(func.count()).select_from(candidates).scalar_subquery()
-        ).label("crowded")
-    ).cte("gate")
+    in_flight = (
+        select(func.count()).select_from(ahead).scalar_subquery()
+        > select(func.count()).select_from(candidates).scalar_subquery()
+    )
+
+    def sharing(name: str, *stuck: Callable[[Any], Any]) -> list[ColumnElement[bool]]:
+        # One semi-join per column, so the planner may probe an index per candidate group or
+        # key, or scan the few stuck rows, whichever is cheaper.
+        row = t.alias(name)
+        return [
+            exists(
+                select(literal_column("1")).where(
+                    *(clause(row) for clause in stuck),
+                    row.c[column].in_(select(candidates.c[column])),
+                )
+            )
+            for column in ("staged_at", "ordering_key")
+        ]
+
+    failed = sharing(
+        "failed",
+        _unpublished,
+        lambda row: row.c.attempts > 0,  # the index of failed rows: every dead or waiting one
+        lambda row: row.c.run_at <= now,
+        lambda row: or_(row.c.dead_at.is_not(None), row.c.retry_at > now),
+    )
+    parked = sharing("parked_row", lambda row: row.c.parked)
+    return select(or_(in_flight, *failed, *parked).label("crowded")).cte("gate")
 
 
 def _claim_plan(dialect: str, order: str, previous_claim: Any) -> tuple[Select[Any], Any, Any, Any]:

@@ -566,3 +566,31 @@ def test_a_crowded_fast_claim_hands_over_to_the_full_claim_in_the_same_pass(
     kinds.close()
     assert broker.published == [f"free{n}" for n in range(6)]
     assert kinds.sent[3] == "full" and set(kinds.sent[4:]) == {"fast"}
+
+
+def test_the_fast_claim_passes_dead_letters_by_but_never_what_they_hold(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A dead letter of key K, then later messages: one of K (enqueued after K's head died, so
+    nothing parked it yet), others of no key. The claims take the others and never K's; once
+    the K message is parked, the relay claims with the fast claim again though the dead letter
+    is still there (it holds nothing the candidates need)."""
+    stage_each(pg_engine, [("dead", "K")])
+    make_relay(pg_engine, Broker(refuse={"dead"}), max_publish_attempts=1).drain()
+    assert rows(pg_engine)["dead"].dead_at is not None
+    stage_each(pg_engine, [("behind", "K"), *((f"free{n}", None) for n in range(6))])
+    kinds = ClaimKinds(pg_engine)
+    broker = Broker()
+    relay = make_relay(pg_engine, broker, batch_size=2)
+    relay.drain()
+    assert broker.published == [f"free{n}" for n in range(6)]
+    assert rows(pg_engine)["behind"].parked
+    stage_each(pg_engine, ((f"late{n}", None) for n in range(4)))
+    kinds.sent.clear()
+    relay.drain()
+    kinds.close()
+    assert broker.published[6:] == [f"late{n}" for n in range(4)]
+    assert set(kinds.sent) == {"fast"}
+    outbox.discard_dead(pg_engine, [rows(pg_engine)["dead"].id])
+    relay.drain()
+    assert broker.published[-1] == "behind"
