@@ -282,29 +282,49 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
         > select(func.count()).select_from(candidates).scalar_subquery()
     )
 
-    def sharing(name: str, *stuck: Callable[[Any], Any]) -> list[ColumnElement[bool]]:
-        # One semi-join per column, so the planner may probe an index per candidate group or
-        # key, or scan the few stuck rows, whichever is cheaper.
-        row = t.alias(name)
-        return [
-            exists(
-                select(literal_column("1")).where(
-                    *(clause(row) for clause in stuck),
-                    row.c[column].in_(select(candidates.c[column])),
-                )
-            )
-            for column in ("staged_at", "ordering_key")
-        ]
+    def shares(row: Any) -> ColumnElement[bool]:
+        return or_(
+            row.c.staged_at.in_(select(candidates.c.staged_at)),
+            row.c.ordering_key.in_(select(candidates.c.ordering_key)),
+        )
 
-    failed = sharing(
-        "failed",
-        _unpublished,
-        lambda row: row.c.attempts > 0,  # the index of failed rows: every dead or waiting one
-        lambda row: row.c.run_at <= now,
-        lambda row: or_(row.c.dead_at.is_not(None), row.c.retry_at > now),
+    # The failed rows are few: one scan of their partial index, each checked against hashes of
+    # the candidates' transactions and keys.
+    failed_row = t.alias("failed")
+    failed = exists(
+        select(literal_column("1")).where(
+            _unpublished(failed_row),
+            # The failed rows' partial index (every dead or waiting row): a literal, or a generic
+            # plan could not match its predicate and would scan the table.
+            failed_row.c.attempts > literal_column("0"),
+            failed_row.c.run_at <= now,
+            or_(failed_row.c.dead_at.is_not(None), failed_row.c.retry_at > now),
+            shares(failed_row),
+        )
     )
-    parked = sharing("parked_row", lambda row: row.c.parked)
-    return select(or_(in_flight, *failed, *parked).label("crowded")).cte("gate")
+
+    # Parked rows can be many (everything behind a dead letter): one probe per candidate
+    # transaction and per candidate key, through the indexes of unpublished rows by transaction
+    # and by key (a handful of rows each). A scalar subquery with LIMIT stays a per-row probe,
+    # and ``coalesce(parked, false)`` keeps the small partial indexes of parked rows out of it:
+    # with stale statistics a plan believes them nearly empty and scans one whole for every
+    # candidate (90 ms a claim with 10,000 parked rows).
+    def parked_with(column: str) -> ColumnElement[bool]:
+        row = t.alias(f"parked_{column}")
+        probe = (
+            select(literal_column("1"))
+            .where(
+                row.c[column] == candidates.c[column],
+                _unpublished(row),
+                func.coalesce(row.c.parked, false()),
+            )
+            .limit(literal_column("1"))
+            .scalar_subquery()
+        )
+        return exists(select(literal_column("1")).select_from(candidates).where(probe.is_not(None)))
+
+    parked = [parked_with("staged_at"), parked_with("ordering_key")]
+    return select(or_(in_flight, failed, *parked).label("crowded")).cte("gate")
 
 
 def _claim_plan(dialect: str, order: str, previous_claim: Any) -> tuple[Select[Any], Any, Any, Any]:
