@@ -107,6 +107,10 @@ Things to know
 * On PostgreSQL, building an index blocks writes to the table while it reads it; for a large
   outbox, build the new version's indexes concurrently first (see :mod:`alembic_ext.ops`).
 * On SQLite the downgrade drops columns with ``ALTER TABLE ... DROP COLUMN``: SQLite 3.35+.
+* On MySQL and MariaDB the same operations build the same versions in those databases' types,
+  each partial index as a composite index led by its predicate's columns (see
+  :class:`sqla_outbox.versions.IndexSpec`); autogenerate takes those indexes, and ``parked``'s
+  default reported as ``0``, for the version's own, and is clean once the table is current.
 * Autogenerate only rewrites a table that *is* the outbox (its columns, primary-key name and
   index names match a released version); an unrelated table of yours named ``outbox`` is left to
   Alembic. ``include_object``/``include_name`` filters apply first, as for any table.

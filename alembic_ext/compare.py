@@ -19,9 +19,15 @@ rewrites those operations:
 
 Nothing else is touched: other tables' operations, and any other change Alembic finds on an
 existing outbox table (a column an operator added, say), are left as Alembic wrote them, after
-the upgrade operation. On an up-to-date outbox table Alembic 1.13+ reports no differences (types,
-server defaults, the partial indexes and the comment all compare equal on PostgreSQL and SQLite),
-so there is nothing to suppress.
+the upgrade operation. On an up-to-date outbox table Alembic 1.13+ reports no differences on
+PostgreSQL and SQLite (types, server defaults, the partial indexes and the comment all compare
+equal), so there is nothing to suppress there.
+
+On MySQL and MariaDB two differences are only the database's way of writing what the version
+defines, and are dropped: each index, which the database has on its
+MySQL columns (:class:`sqla_outbox.versions.IndexSpec`) where the ``Index`` names PostgreSQL's
+(Alembic would drop and recreate it), and ``parked``'s default ``false``, which MySQL reports as
+``0``. An index with any other columns, or another default, is still reported.
 
 A table is only treated as the outbox if it has one released version's exact layout (column
 names in order, primary-key name, index names; see :func:`outbox_version`); an unrelated table
@@ -59,9 +65,19 @@ from alembic.autogenerate import comparators
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import ops
 from sqlalchemy import MetaData, Table
+from sqlalchemy.schema import DefaultClause
+from sqlalchemy.sql.elements import False_, True_
 
 from alembic_ext.ops import CreateOutboxTableOp, DropOutboxTableOp, UpgradeOutboxTableOp
-from sqla_outbox.versions import STEPS, TABLE_NAME, VERSIONS, build_table, version_from_comment
+from sqla_outbox.coltypes import MYSQL_DIALECTS
+from sqla_outbox.versions import (
+    STEPS,
+    TABLE_NAME,
+    VERSIONS,
+    build_table,
+    mysql_index_columns,
+    version_from_comment,
+)
 
 try:  # Alembic >= 1.18: prioritised comparator chains
     from alembic.util import DispatchPriority, PriorityDispatchResult
@@ -209,6 +225,63 @@ def _strip_index_ops(
     return result
 
 
+def _index_columns(op: ops.DropIndexOp) -> tuple[str, ...]:
+    return tuple(str(column.name) for column in op.to_index().columns)
+
+
+def _mysql_index_pairs(children: Sequence[ops.MigrateOperation], table: Table) -> set[str]:
+    """Names of the outbox indexes Alembic would drop and recreate only because the database
+    has them on their MySQL columns: dropped with exactly those, recreated with the ``Index``'s."""
+    indexes = {str(index.name): index for index in table.indexes}
+    dropped, created = set(), set()
+    for child in children:
+        if isinstance(child, ops.DropIndexOp):
+            index = indexes.get(child.index_name)
+            mysql = None if index is None else mysql_index_columns(index)
+            if mysql is not None and _index_columns(child) == mysql:
+                dropped.add(child.index_name)
+        elif isinstance(child, ops.CreateIndexOp) and child.index_name in indexes:
+            index = indexes[str(child.index_name)]
+            if mysql_index_columns(index) is not None:
+                created.add(str(child.index_name))
+    return dropped & created
+
+
+def _boolean_default_as_integer(child: ops.MigrateOperation) -> bool:
+    """Alembic's change of a ``false()``/``true()`` default that MySQL reports as ``0``/``1``."""
+    if not isinstance(child, ops.AlterColumnOp) or (
+        child.modify_nullable is not None
+        or child.modify_type is not None
+        or child.modify_name is not None
+        or child.modify_comment is not False
+    ):
+        return False
+    wanted, found = child.modify_server_default, child.existing_server_default
+    if not isinstance(wanted, DefaultClause) or not isinstance(wanted.arg, (False_, True_)):
+        return False
+    reported = getattr(getattr(found, "arg", None), "text", found)
+    return str(reported).strip("'") == ("1" if isinstance(wanted.arg, True_) else "0")
+
+
+def _mysql_spellings(autogen_context: AutogenContext, op: ops.ModifyTableOps) -> set[int]:
+    """Those of ``op``'s operations (Alembic's changes to an outbox table) that are only MySQL's or
+    MariaDB's way of writing what the table version defines (see the module docs); none on
+    other databases, or for a table that is not the outbox. By ``id()``: operations have no
+    equality of their own."""
+    if autogen_context.dialect.name not in MYSQL_DIALECTS:
+        return set()
+    table = _metadata_table(autogen_context, op.table_name, op.schema)
+    if table is None or outbox_version(table) is None:
+        return set()
+    pairs = _mysql_index_pairs(op.ops, table)
+    return {
+        id(child)
+        for child in op.ops
+        if (isinstance(child, (ops.CreateIndexOp, ops.DropIndexOp)) and child.index_name in pairs)
+        or _boolean_default_as_integer(child)
+    }
+
+
 def _covered_by_move(child: ops.MigrateOperation, move: UpgradeOutboxTableOp) -> bool:
     """Whether Alembic's ``child`` operation is part of what ``move`` does."""
     changed = [STEPS[max(old, new)] for old, new in move.steps()]
@@ -255,6 +328,11 @@ def _rewrite(autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps) -> No
                 dropped.add(_normalise_schema(autogen_context, op.schema))
                 continue
         if isinstance(op, ops.ModifyTableOps) and op.table_name == TABLE_NAME:
+            spelling = _mysql_spellings(autogen_context, op)
+            if spelling:
+                op.ops = [child for child in op.ops if id(child) not in spelling]
+                if op.is_empty():
+                    continue
             move = _move(autogen_context, op)
             if move is not None:
                 rewritten.append(move)

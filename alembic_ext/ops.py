@@ -15,16 +15,20 @@
 
 Every operation goes through ``operations.impl`` or Alembic's own column operations rather than
 a live connection, so it works in online migrations, in offline ``alembic upgrade --sql`` mode,
-and on PostgreSQL and SQLite. SQLite drops columns with ``ALTER TABLE ... DROP COLUMN``, which
-needs SQLite 3.35 (2021) or later and a column no index uses: the downgrade drops the step's
-indexes first for that reason.
+and on PostgreSQL, SQLite, MySQL and MariaDB (where each index is created on its MySQL columns,
+see :mod:`sqla_outbox.ddl`, and no trigger is created). SQLite drops columns with ``ALTER
+TABLE ... DROP COLUMN``, which needs SQLite 3.35 (2021) or later and a column no index uses: the
+downgrade drops the step's indexes first for that reason.
 
 The trap: on PostgreSQL, ``CREATE INDEX`` blocks writes to the table (every ``enqueue``) while
 it reads the whole table, and an outbox that was never purged is large. An upgrade creates its
 indexes ``IF NOT EXISTS``, so an index built beforehand without that lock is kept: for version 3,
 run ``CREATE INDEX CONCURRENTLY ix_outbox_published ON outbox (published_at) WHERE published_at
 IS NOT NULL`` outside a transaction first (and check that it finished: psql lists an index a
-failed build left behind as ``INVALID``), then the migration only records the version.
+failed build left behind as ``INVALID``), then the migration only records the version. On MySQL
+and MariaDB, InnoDB builds an index in place while writes go on, so there is no such step; the
+upgrade writes ``IF NOT EXISTS`` there for MariaDB only (MySQL 8 has no such clause, so on
+MySQL an index built beforehand under the same name makes the migration fail: drop it first).
 """
 
 from __future__ import annotations

@@ -16,7 +16,18 @@ from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
 
-from benchmarks import claim_history, drain, drain_failures, enqueue, held_back, latency, memory
+from benchmarks import (
+    brokers,
+    claim_history,
+    drain,
+    drain_failures,
+    enqueue,
+    held_back,
+    latency,
+    memory,
+    observed,
+    purge,
+)
 from benchmarks.harness import (
     DEFAULT_URL,
     Context,
@@ -51,6 +62,9 @@ WORKLOADS = (
     Workload("claim_held_back", "held_back", held_back.run),
     Workload("latency", "latency", latency.run),
     Workload("memory", "memory", memory.run),
+    Workload("brokers", "brokers", brokers.run),
+    Workload("drain_observed", "observed", observed.run),
+    Workload("purge", "purge", purge.run),
 )
 
 

@@ -405,6 +405,8 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
     paired_ratio: float | None = None
     """Median of the per-round ratios, when ours and the baseline ran in the same rounds."""
+    skipped: str = ""
+    """Why the row was not measured (a broker that is down); its numbers are then meaningless."""
 
     @property
     def ratio(self) -> float | None:
@@ -417,7 +419,9 @@ class Result:
 
     @property
     def passed(self) -> bool | None:
-        """True/False against the targets; None for informative rows."""
+        """True/False against the targets; None for informative and skipped rows."""
+        if self.skipped:
+            return None
         verdicts = [target.met(self) for target in self.targets]
         if not verdicts:
             return None
@@ -436,6 +440,7 @@ class Result:
             "passed": self.passed,
             "samples": self.samples,
             "extra": self.extra,
+            "skipped": self.skipped or None,
         }
 
 
@@ -490,6 +495,10 @@ def format_table(results: Sequence[Result]) -> str:
     header = ("workload", "ours", "baseline", "ratio", "target", "result")
     rows = [header]
     for result in results:
+        if result.skipped:
+            skipped = ("-", "-", "-", ", ".join(str(t) for t in result.targets) or "-")
+            rows.append((result.name, *skipped, f"skipped: {result.skipped}"))
+            continue
         verdict = {True: "pass", False: "MISS", None: "info"}[result.passed]
         rows.append(
             (

@@ -10,10 +10,12 @@ from its frozen definition in :mod:`sqla_outbox.versions` (where every released 
 what each one added, is written down once). To change the table, add a version there; the
 annotations below only give the mapped attributes their Python types.
 
-One schema serves PostgreSQL and SQLite and hands back the same Python types on both: ``id`` is
-a ``uuid.UUID`` (native ``uuid`` / 32-char hex), ``input`` is JSON (``jsonb`` on PostgreSQL), and
-every timestamp is an aware UTC ``datetime`` (``timestamptz`` / ISO text normalised to UTC; see
-:class:`~sqla_outbox.coltypes.UTCDateTime`).
+One schema serves PostgreSQL, SQLite, MySQL and MariaDB and hands back the same Python types on
+all of them: ``id`` is a ``uuid.UUID`` (native ``uuid`` / 32-char hex / ``BINARY(16)``),
+``input`` is JSON (``jsonb`` on PostgreSQL), and every timestamp is an aware UTC ``datetime``
+(``timestamptz`` / ISO text / ``DATETIME(6)`` normalised to UTC; see
+:mod:`sqla_outbox.coltypes`). On MySQL and MariaDB the partial indexes below are composite ones
+led by their predicate's columns (:class:`~sqla_outbox.versions.IndexSpec`).
 
 Claim order is ``(staged_at, id)``: see :mod:`sqla_outbox.ids` for why ``id`` breaks ties. The
 indexes are partial (``ix_outbox_unpublished``, and from version 2 ``ix_outbox_claimable`` and

@@ -8,13 +8,14 @@ the pass before it, so the next pass can publish the moment this one ends.
 
 Why it keeps every promise of the pass protocol:
 
-* **Order.** The claim taken ahead is an ordinary claim made while this pass's rows are still
-  unpublished: its ordering guard counts them as held (a live lease), so it takes no row of a
-  transaction or key that has a row in flight, exactly as a second relay would not.
-* **Stop at failure.** A pass that fails a message, meets a broker outage or is stopped hands
-  the claim taken ahead back unpublished and uncharged (:meth:`ClaimAhead.hand_back`): with
-  ``order="strict"`` nothing after a failed row may go first, and a relay that backs off or
-  stops should hold no rows.
+* **Order.** The claim taken ahead is the claim the next pass would make once this one is
+  published in full: its ordering guard counts this pass's rows as published (as it counts the
+  rows of a mark riding on a claim), so it continues where this pass ends, in claim order, the
+  rest of a transaction this pass split included.
+* **Stop at failure.** That assumption holds only if this pass publishes everything. A pass that
+  fails a message, meets a broker outage or is stopped hands the claim taken ahead back
+  unpublished and uncharged (:meth:`ClaimAhead.hand_back`), and the next pass claims afresh, with
+  the guard seeing what this pass left behind.
 * **Fence and lease.** The claim taken ahead is fenced on its own token like any other. Its
   lease runs from the moment it was taken: if the pass before it took a third of the lease or
   more, it is renewed before it is published, and handed back if it was lost meanwhile
@@ -56,12 +57,26 @@ class ClaimAhead:
         self._future: Future[Claimed] | None = None
         self.pending: Claimed | None = None
         """A claim taken ahead and not yet published: the next pass publishes it."""
+        self.marked = True
+        """Whether the mark sent with the last claim ahead was written (if it failed, the
+        relay still owes it)."""
 
-    def start(self, token: str, unmarked: Unmarked | None) -> None:
-        """Send the next claim, with ``unmarked``'s mark riding on it."""
+    def start(self, token: str, unmarked: Unmarked | None, in_flight: str) -> None:
+        """Write ``unmarked``'s mark, then claim as if the claim ``in_flight`` (the one being
+        published now) were already published, on the worker thread."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{self._name}-ahead")
-        self._future = self._executor.submit(self._statements.claim, token, unmarked)
+        self.marked = unmarked is None
+        self._future = self._executor.submit(self._claim_ahead, token, unmarked, in_flight)
+
+    def _claim_ahead(self, token: str, unmarked: Unmarked | None, in_flight: str) -> Claimed:
+        if unmarked is not None:
+            self._statements.mark(unmarked)
+            self.marked = True
+        # A mark of nothing under the in-flight claim's token: the claim's ordering guard then
+        # counts that claim's rows as published, as it does a mark riding on it, so the claim
+        # continues exactly where the pass in flight ends (a transaction it splits included).
+        return self._statements.claim(token, Unmarked(in_flight, []))
 
     @property
     def started(self) -> bool:

@@ -8,8 +8,11 @@ What is checked, and when:
 
 * **The URL** (:func:`database_url`), before any driver is imported or any connection is
   opened: it parses (a port that is not a number, an ``@`` in a password not written ``%40``);
-  it names PostgreSQL or SQLite (the dialect is the URL's scheme, so a MySQL URL is refused even
-  where no MySQL driver is installed); SQLAlchemy knows its driver.
+  it names PostgreSQL or SQLite (the dialect is the URL's scheme, so any other is refused before
+  its driver is imported); SQLAlchemy knows its driver. MySQL and MariaDB are refused here with
+  their own sentence: ``enqueue`` and the Alembic operations support them, the relay and the
+  operator commands (which run everything checked here) do not yet, as their relay store, a
+  different claim protocol (no ``UPDATE ... RETURNING`` there), is still to come.
 * **The driver** (:func:`engine_from_url`): its module is installed.
 * **The bind** given to a relay (:func:`relay_bind`): an ``Engine`` of a supported database, or
   a URL as above. Everything here raises :class:`~sqla_outbox.errors.ConfigurationError`.
@@ -45,6 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import ArgumentError
 
+from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError
 from sqla_outbox.queries import outbox_table
@@ -212,13 +216,21 @@ def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
 
 
 def check_dialect(engine: Engine) -> None:
-    """Raise :class:`ConfigurationError` unless ``engine`` is on PostgreSQL or SQLite."""
+    """Raise :class:`ConfigurationError` unless ``engine`` is on PostgreSQL or SQLite (on MySQL
+    or MariaDB saying they are supported for staging only)."""
     name = engine.dialect.name
     if name not in _BACKENDS:
         raise ConfigurationError(_unsupported(f"bind {hide_password(engine.url)!r}", name))
 
 
 def _unsupported(what: str, backend: str) -> str:
+    if backend in MYSQL_DIALECTS:
+        return (
+            f"{what} is for {backend!r} (MySQL/MariaDB), which sqla-outbox supports only for "
+            "staging (outbox.enqueue) and the outbox table's Alembic operations until its relay "
+            "store for them exists; for relays, status, purge and dead letters it supports "
+            f"{SUPPORTED_DATABASES}."
+        )
     return (
         f"{what} is for {backend!r}, which sqla-outbox does not support; it supports "
         f"{SUPPORTED_DATABASES}."

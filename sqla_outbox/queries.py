@@ -310,18 +310,25 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
     # with stale statistics a plan believes them nearly empty and scans one whole for every
     # candidate (90 ms a claim with 10,000 parked rows).
     def parked_with(column: str) -> ColumnElement[bool]:
+        # Once per distinct transaction or key of the candidates, not per candidate.
+        owners = (
+            select(candidates.c[column])
+            .where(candidates.c[column].is_not(None))
+            .distinct()
+            .subquery(f"candidate_{column}")
+        )
         row = t.alias(f"parked_{column}")
         probe = (
             select(literal_column("1"))
             .where(
-                row.c[column] == candidates.c[column],
+                row.c[column] == owners.c[column],
                 _unpublished(row),
                 func.coalesce(row.c.parked, false()),
             )
             .limit(literal_column("1"))
             .scalar_subquery()
         )
-        return exists(select(literal_column("1")).select_from(candidates).where(probe.is_not(None)))
+        return exists(select(literal_column("1")).select_from(owners).where(probe.is_not(None)))
 
     parked = [parked_with("staged_at"), parked_with("ordering_key")]
     return select(or_(in_flight, failed, *parked).label("crowded")).cte("gate")

@@ -349,7 +349,7 @@ class Relay:
             carried: Unmarked | None = None
             if ahead is not None and not self._stopping.is_set():
                 carried, self._unmarked = self._unmarked, None
-                ahead.start(self._new_token(), carried)
+                ahead.start(self._new_token(), carried, in_flight=claimed.token)
             started = time.perf_counter()
             outcome = self._publish_claim(claimed, interruptible)
             ahead_error = self._claimed_ahead(carried)
@@ -409,7 +409,8 @@ class Relay:
         try:
             ahead.keep(ahead.wait())
         except BaseException as error:
-            self._unmarked = carried
+            if not ahead.marked:
+                self._unmarked = carried
             return error
         return None
 

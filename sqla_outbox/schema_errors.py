@@ -4,7 +4,8 @@ A missing table is the one database error a new user is certain to meet (the mig
 run), and the driver's wording ("relation does not exist", "no such table") names neither the
 cause nor the fix. A table of an older schema version (:mod:`sqla_outbox.versions`) is the
 error every user meets once after upgrading sqla-outbox without adding the upgrade migration;
-the driver says "column ... does not exist" / "no such column" / "has no column named", and
+the driver says "column ... does not exist" / "no such column" / "has no column named" /
+"Unknown column", and
 :func:`raise_if_missing_table` turns that, for a column a later table version added, into
 :class:`SchemaVersionError` naming ``op.upgrade_outbox_table``. A role without the privileges it
 needs is the third; start-up checks it (:mod:`sqla_outbox.preflight`), and
@@ -47,11 +48,16 @@ _TABLE: Table = OutboxRow.__table__  # type: ignore[assignment]
 _UNDEFINED_TABLE = "42P01"  # PostgreSQL's SQLSTATE for an undefined table
 _UNDEFINED_COLUMN = "42703"
 _INSUFFICIENT_PRIVILEGE = "42501"
+# MySQL and MariaDB error numbers (the first argument of the driver's error, in PyMySQL and
+# mysqlclient alike): no such table, no such column.
+_MYSQL_NO_SUCH_TABLE = 1146
+_MYSQL_BAD_FIELD = 1054
 
 _IDENTIFIER = r"[\w$]+"
 # PostgreSQL: 'column "parked" of relation "outbox" does not exist' (INSERT, UPDATE ... SET),
 # 'column outbox.parked does not exist' (a qualified reference). SQLite: 'no such column:
-# outbox.parked', 'no such column: parked', 'table outbox has no column named parked'.
+# outbox.parked', 'no such column: parked', 'table outbox has no column named parked'. MySQL and
+# MariaDB: "Unknown column 'parked' in 'field list'", "Unknown column 'outbox.parked' in ...".
 _MISSING_COLUMN = (
     re.compile(
         rf'column (?:"?{_IDENTIFIER}"?\.)?"?({_IDENTIFIER})"?(?: of relation "[^"]*")? '
@@ -59,12 +65,20 @@ _MISSING_COLUMN = (
     ),
     re.compile(rf"no such column: (?:{_IDENTIFIER}\.)?({_IDENTIFIER})"),
     re.compile(rf"has no column named ({_IDENTIFIER})"),
+    re.compile(rf"Unknown column '(?:{_IDENTIFIER}\.)*({_IDENTIFIER})'"),
 )
+
+
+def _mysql_error_number(error: DBAPIError) -> int | None:
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
 
 
 def is_missing_table(error: DBAPIError) -> bool:
     """True if the driver error says a table does not exist."""
     if getattr(error.orig, "sqlstate", None) == _UNDEFINED_TABLE:
+        return True
+    if _mysql_error_number(error) == _MYSQL_NO_SUCH_TABLE:
         return True
     return "no such table" in str(error.orig)
 
@@ -76,8 +90,12 @@ def is_permission_denied(error: DBAPIError) -> bool:
 
 def missing_column(error: DBAPIError) -> str | None:
     """The column a driver error says does not exist, or ``None`` if it says something else."""
+    number = _mysql_error_number(error)
     sqlstate = getattr(error.orig, "sqlstate", None)
-    if sqlstate is not None and sqlstate != _UNDEFINED_COLUMN:
+    if number is not None:  # MySQL's own SQLSTATEs ("42S22") are not PostgreSQL's
+        if number != _MYSQL_BAD_FIELD:
+            return None
+    elif sqlstate is not None and sqlstate != _UNDEFINED_COLUMN:
         return None
     message = str(error.orig)
     for pattern in _MISSING_COLUMN:

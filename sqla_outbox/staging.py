@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Dialect, Engine, event
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from sqla_outbox import driver_sql
@@ -65,7 +66,7 @@ from sqla_outbox.model import OutboxRow
 from sqla_outbox.notify import wake_local
 from sqla_outbox.queries import stage_rows, stage_stmt
 from sqla_outbox.schema_errors import raise_if_missing_table
-from sqla_outbox.validation import build_message
+from sqla_outbox.validation import MAX_INPUT_DEPTH, build_message, max_input_depth
 
 __all__ = ["enqueue", "staged"]
 
@@ -88,6 +89,8 @@ class _Staging:
     """
 
     staged_at: dt.datetime
+    # How deep input may nest on the outbox table's database (validation.max_input_depth).
+    max_depth: int = MAX_INPUT_DEPTH
     entries: list[_Entry] = field(default_factory=list)
     # The connection whose COMMIT writes the entries; None until attached.
     connection: Connection | None = None
@@ -202,6 +205,20 @@ def _root_transaction(session: Session) -> SessionTransaction:
     return session.begin()
 
 
+def _max_depth(session: Session) -> int:
+    """How deep input may nest on the database ``session`` writes the outbox table to.
+
+    ``get_bind`` names the engine (or connection) without connecting, so this works inside an
+    ``AsyncSession``'s synchronous ``enqueue`` too. A session with no bind fails when it
+    attaches, as it always has; until then the general limit applies.
+    """
+    try:
+        bind = session.get_bind(mapper=OutboxRow)
+    except UnboundExecutionError:
+        return MAX_INPUT_DEPTH
+    return max_input_depth(bind.dialect.name)
+
+
 def enqueue(
     session: Any,
     job: Any,
@@ -241,7 +258,8 @@ def enqueue(
     }
     if isinstance(target, Connection):
         now = dt.datetime.now(dt.timezone.utc)
-        message = build_message(job, input, staged_at=now, **options)
+        depth = max_input_depth(target.dialect.name)
+        message = build_message(job, input, staged_at=now, max_depth=depth, **options)
         _insert(target, [message])
         return message
 
@@ -249,11 +267,12 @@ def enqueue(
     # Every message of a transaction shares the staged_at of its first one, so claim order
     # (staged_at, id) keeps enqueue order inside the transaction; see sqla_outbox.ids.
     staged_at = staging.staged_at if staging else dt.datetime.now(dt.timezone.utc)
-    message = build_message(job, input, staged_at=staged_at, **options)
+    depth = staging.max_depth if staging else _max_depth(target)
+    message = build_message(job, input, staged_at=staged_at, max_depth=depth, **options)
     # Begun only once the call is known to be good, so a refused call leaves the session as is.
     root = _root_transaction(target)
     if staging is None:
-        staging = _Staging(staged_at)
+        staging = _Staging(staged_at, depth)
     if not is_async:
         staging.attach(target)  # before staging: a failed checkout stages nothing
     target.info[_INFO_KEY] = staging

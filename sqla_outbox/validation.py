@@ -10,7 +10,9 @@ hold; both are also :class:`~sqla_outbox.errors.OutboxError`):
 
 * **Text columns** (``job``, ``queue``, ``idempotency_key``, ``tenant_id``, ``enqueued_by``):
   a ``str`` of 1 to :data:`MAX_TEXT_LENGTH` characters (the columns are ``VARCHAR(255)``, which
-  PostgreSQL counts in characters). ``job`` must also hold more than whitespace.
+  PostgreSQL and MySQL count in characters; MySQL's table is ``utf8mb4``, so four-byte
+  characters such as emoji are one character there too). ``job`` must also hold more than
+  whitespace.
 * **Every string**, in those columns and anywhere in ``input`` (keys and values): no NUL
   (``'\\x00'``), which PostgreSQL stores in neither ``text`` nor ``jsonb``; and no surrogate code
   point (U+D800 to U+DFFF), which is not Unicode text: UTF-8 cannot encode it, and ``jsonb``
@@ -31,7 +33,8 @@ hold; both are also :class:`~sqla_outbox.errors.OutboxError`):
   even when a keyword argument overrides them: a bad handle is a bug wherever it is used.
 * ``input``: strict JSON. ``dict`` or any other ``Mapping`` with ``str`` keys, ``list`` or
   ``tuple``, ``str``, ``int``, finite ``float``, ``bool``, ``None``, nested at most
-  :data:`MAX_INPUT_DEPTH` containers deep, integers of at most :data:`MAX_INT_DIGITS` digits.
+  :data:`MAX_INPUT_DEPTH` containers deep (:data:`MYSQL_MAX_INPUT_DEPTH` on MySQL and MariaDB),
+  integers of at most :data:`MAX_INT_DIGITS` digits.
   Refused: other types (``Decimal``, ``datetime``, ``set``: convert them first), non-``str`` keys
   (``json.dumps`` would silently turn ``{1: ...}`` into ``{"1": ...}``), ``NaN`` and infinities
   (``jsonb`` refuses them), and two keys of one mapping that are the same string.
@@ -54,6 +57,10 @@ Why these limits (measured on PostgreSQL 15):
   (decoding). 64 is ten times below the smallest of these, and within the defaults of common
   consumers' JSON parsers (Ruby's 100, serde_json's 128). It also bounds a self-containing
   input, which is refused as too deep instead of failing at commit.
+* :data:`MYSQL_MAX_INPUT_DEPTH` = 31 on MySQL and MariaDB (measured on MariaDB 10.11): a MariaDB
+  ``JSON`` column is ``LONGTEXT`` checked by ``JSON_VALID``, which refuses 32 nested containers,
+  so the commit would fail with "CONSTRAINT failed". ``enqueue`` reads the dialect from the
+  session's bind for the outbox table, so the check still runs at the call.
 * :data:`MAX_INT_DIGITS` = 4,300: CPython's default limit for converting an ``int`` to and from
   decimal text, which the relay (another process, most likely with the default) parses the
   stored ``jsonb`` with. ``jsonb`` itself takes 131,072 digits. If this process has lowered its
@@ -64,7 +71,9 @@ Why these limits (measured on PostgreSQL 15):
 Not checked: the total size. PostgreSQL refuses a ``jsonb`` value of 256 MB or more at commit;
 an outbox message should carry ids and small facts, not documents. Also worth knowing: ``jsonb``
 stores numbers as ``numeric`` and prints them without an exponent, so a float such as ``1e16``
-comes back to the relay as the equal ``int`` ``10000000000000000``.
+comes back to the relay as the equal ``int`` ``10000000000000000``. MySQL 8's binary ``JSON``
+keeps a number as a 64-bit integer or a double, so there a larger integer comes back as a
+nearby float (send such numbers as ``str``); MariaDB keeps the JSON text as written.
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, OutboxError
 from sqla_outbox.ids import new_message_id
 from sqla_outbox.message import OutboxMessage
@@ -89,11 +99,13 @@ __all__ = [
     "MAX_INPUT_DEPTH",
     "MAX_INT_DIGITS",
     "MAX_TEXT_LENGTH",
+    "MYSQL_MAX_INPUT_DEPTH",
     "RUN_AT_RANGE",
     "TRACEPARENT_LENGTH",
     "build_message",
     "check_json",
     "json_snapshot",
+    "max_input_depth",
 ]
 
 DEFAULT_QUEUE = "default"
@@ -120,6 +132,11 @@ UTC offset a session time zone has (under a day) still gives a ``datetime`` when
 
 MAX_INPUT_DEPTH = 64
 """Containers (mappings and lists) ``input`` may nest, counting the outermost one."""
+
+MYSQL_MAX_INPUT_DEPTH = 31
+"""Containers ``input`` may nest on MySQL and MariaDB: MariaDB's ``JSON_VALID`` (the check on its
+``JSON`` columns) refuses 32. MySQL's own limit is 100, but a ``mysql://`` URL does not say
+which of the two servers answers, and an ``enqueue`` must be refused the same on either."""
 
 MAX_INT_DIGITS = 4300
 """Decimal digits an ``int`` in ``input`` may have: CPython's default int/str conversion limit."""
@@ -334,6 +351,7 @@ class _InputError(Exception):
         self.problem = problem
         self.fix = fix
         self.steps: list[str] = []  # innermost first
+        self.too_deep: str | None = None  # the type of the container one level too deep
 
 
 _CONVERT_FIX = "Convert it first (e.g. str() for Decimal, UUID and datetime; a list for a set)."
@@ -402,16 +420,18 @@ def _plain_key(key: Any) -> str:
 
 
 def _too_deep(value: object) -> _InputError:
-    return _InputError(
-        ConfigurationError,
-        f"nests containers more than {MAX_INPUT_DEPTH} deep (or contains itself): "
-        f"a {type(value).__name__} at level {MAX_INPUT_DEPTH + 1}",
-        "Flatten it, or send the deep part as a JSON string.",
+    # The walk counts down the containers left (``room``); json_snapshot, which knows the limit,
+    # writes the problem.
+    refusal = _InputError(
+        ConfigurationError, "", "Flatten it, or send the deep part as a JSON string."
     )
+    refusal.too_deep = type(value).__name__
+    return refusal
 
 
-def _copy(value: Any, depth: int) -> Any:  # noqa: PLR0911 - one return per kind, exact types first
-    """A plain-JSON copy of ``value`` (``depth`` containers enclose it), or raise ``_InputError``.
+def _copy(value: Any, room: int) -> Any:  # noqa: PLR0911 - one return per kind, exact types first
+    """A plain-JSON copy of ``value`` (inside which ``room`` more containers may open), or raise
+    ``_InputError``.
 
     This is the hot path of every ``enqueue``: plain types are tested by exact type first, and
     the containers copy their plain scalar items inline, since a call per item would double the
@@ -419,9 +439,9 @@ def _copy(value: Any, depth: int) -> Any:  # noqa: PLR0911 - one return per kind
     """
     kind = type(value)
     if kind is dict:
-        return _copy_mapping(value, depth)
+        return _copy_mapping(value, room)
     if kind is list or kind is tuple:
-        return _copy_sequence(value, depth)
+        return _copy_sequence(value, room)
     if kind is str:
         if value.isascii() and "\x00" not in value:
             return value
@@ -429,14 +449,14 @@ def _copy(value: Any, depth: int) -> Any:  # noqa: PLR0911 - one return per kind
         if -_SAFE_INT_BOUND < value < _SAFE_INT_BOUND:
             return value
     elif isinstance(value, Mapping):
-        return _copy_mapping(value, depth)
+        return _copy_mapping(value, room)
     elif isinstance(value, (list, tuple)):
-        return _copy_sequence(value, depth)
+        return _copy_sequence(value, room)
     return _plain_scalar(value)
 
 
-def _copy_mapping(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
-    if depth >= MAX_INPUT_DEPTH:
+def _copy_mapping(value: Mapping[Any, Any], room: int) -> dict[str, Any]:
+    if room <= 0:
         raise _too_deep(value)
     copied: dict[str, Any] = {}
     for key, item in value.items():
@@ -454,7 +474,7 @@ def _copy_mapping(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
             copied[key] = item
             continue
         try:
-            copied[key] = _copy(item, depth + 1)
+            copied[key] = _copy(item, room - 1)
         except _InputError as refusal:
             refusal.steps.append(f"[{_shown(key)}]")
             raise
@@ -467,8 +487,8 @@ def _copy_mapping(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
     return copied
 
 
-def _copy_sequence(value: list[Any] | tuple[Any, ...], depth: int) -> list[Any]:
-    if depth >= MAX_INPUT_DEPTH:
+def _copy_sequence(value: list[Any] | tuple[Any, ...], room: int) -> list[Any]:
+    if room <= 0:
         raise _too_deep(value)
     copied: list[Any] = []
     append = copied.append
@@ -483,7 +503,7 @@ def _copy_sequence(value: list[Any] | tuple[Any, ...], depth: int) -> list[Any]:
             append(item)
             continue
         try:
-            append(_copy(item, depth + 1))
+            append(_copy(item, room - 1))
         except _InputError as refusal:
             refusal.steps.append(f"[{index}]")
             raise
@@ -496,27 +516,40 @@ def _path(steps: list[str]) -> str:
     return path if len(path) <= 200 else f"{path[:100]}...{path[-100:]}"
 
 
-def json_snapshot(job: str, value: Any) -> Any:
+def json_snapshot(job: str, value: Any, max_depth: int = MAX_INPUT_DEPTH) -> Any:
     """A plain-JSON copy of ``value``, or raise naming the job, the path and the fix.
 
     The copy holds only ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool`` and ``None``
-    (see the module documentation for what is refused and why). ``TypeError`` for a value JSON
-    has no type for, ``ValueError`` for one the database cannot store.
+    (see the module documentation for what is refused and why), nested at most ``max_depth``
+    containers deep (:func:`max_input_depth` gives a database's). ``TypeError`` for a value
+    JSON has no type for, ``ValueError`` for one the database cannot store.
     """
     if value is None:  # the default: no input
         return None
     try:
-        return _copy(value, 0)
+        return _copy(value, max_depth)
     except _InputError as refusal:
+        problem = refusal.problem
+        if refusal.too_deep is not None:
+            whose = ", the most MariaDB's JSON takes" if max_depth == MYSQL_MAX_INPUT_DEPTH else ""
+            problem = (
+                f"nests containers more than {max_depth} deep{whose} (or contains itself): "
+                f"a {refusal.too_deep} at level {max_depth + 1}"
+            )
         raise refusal.error(
-            f"input for {_job_label(job)} {refusal.problem} at {_path(refusal.steps)}. "
-            f"{refusal.fix}"
+            f"input for {_job_label(job)} {problem} at {_path(refusal.steps)}. {refusal.fix}"
         ) from None
 
 
 def check_json(job: str, value: Any) -> None:
     """Raise as :func:`json_snapshot` would if ``value`` is not input the outbox can store."""
     json_snapshot(job, value)
+
+
+def max_input_depth(dialect: str) -> int:
+    """How deep ``input`` may nest on the database of SQLAlchemy dialect ``dialect``:
+    :data:`MYSQL_MAX_INPUT_DEPTH` on MySQL and MariaDB, else :data:`MAX_INPUT_DEPTH`."""
+    return MYSQL_MAX_INPUT_DEPTH if dialect in MYSQL_DIALECTS else MAX_INPUT_DEPTH
 
 
 # --- the message ----------------------------------------------------------------------------------
@@ -535,10 +568,12 @@ def build_message(
     traceparent: object,
     max_attempts: object,
     ordering_key: object = None,
+    max_depth: int = MAX_INPUT_DEPTH,
 ) -> OutboxMessage:
-    """Validate one ``enqueue`` call and return the message it stages, ``input`` copied."""
+    """Validate one ``enqueue`` call and return the message it stages, ``input`` copied and
+    nested at most ``max_depth`` containers deep (see :func:`max_input_depth`)."""
     name, job_queue, job_attempts = _job_fields(job)
-    snapshot = json_snapshot(name, input)
+    snapshot = json_snapshot(name, input, max_depth)
     queue_ = _optional_text(name, "queue", queue)
     key = _optional_text(name, "idempotency_key", idempotency_key)
     attempts = _max_attempts(name, "max_attempts", max_attempts)

@@ -30,6 +30,15 @@ The versions:
 On PostgreSQL every version also has fillfactor 50 and the notification trigger of
 :mod:`sqla_outbox.ddl`; those statements (and the ``.sql`` files they load) are frozen as well.
 
+MySQL and MariaDB (10.6+ / 8.0+) get the same versions, columns and meaning, written in their
+types (:mod:`sqla_outbox.coltypes`: ``BINARY(16)`` ids, ``DATETIME(6)`` timestamps, ``JSON``),
+in an InnoDB table of ``utf8mb4`` text (four-byte characters included) with the binary collation
+``utf8mb4_bin``, so text compares exactly, as on PostgreSQL (``'Order-1'`` and ``'order-1'`` are
+two ordering keys). No trigger: relays there poll. They have no partial indexes, so each index
+is built there as the composite index its :attr:`IndexSpec.mysql_columns` names (see
+:class:`IndexSpec`). That MySQL form of versions 1 to 3 was added after their release, with the
+MySQL support; it is frozen from then on like the rest.
+
 The version is recorded in the table's comment from version 2 on. SQLite keeps no comments, and a
 version-1 table has none, so :func:`table_version` falls back to the layout
 (:func:`version_of_layout`): a step that adds columns is recognised by its columns, one that adds
@@ -56,14 +65,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    Uuid,
     false,
     text,
 )
 from sqlalchemy.engine import Inspector
 from sqlalchemy.schema import Constraint
 
-from sqla_outbox.coltypes import JSON_TYPE, UTCDateTime
+from sqla_outbox.coltypes import ID_TYPE, JSON_TYPE, MYSQL_DIALECTS, UTCDateTime
 from sqla_outbox.errors import ConfigurationError
 
 __all__ = [
@@ -77,6 +85,7 @@ __all__ = [
     "check_version",
     "column_names",
     "inspected_version",
+    "mysql_index_columns",
     "table_comment",
     "table_version",
     "version_added",
@@ -96,11 +105,25 @@ _COMMENT_RE = re.compile(r"sqla-outbox schema (\d+)")
 
 @dataclass(frozen=True)
 class IndexSpec:
-    """A partial index: its name, its columns in order, and its ``WHERE`` predicate."""
+    """A partial index: its name, its columns in order, and its ``WHERE`` predicate; and the
+    columns of the index that stands for it on MySQL and MariaDB.
+
+    Those have no partial indexes, and an index on ``columns`` alone would hold every row ever
+    published: the claim, walking ``(staged_at, id)`` from the oldest, would step over the whole
+    published history before it reached the first unpublished row. So ``mysql_columns`` are the
+    columns the predicate tests, in the order it names them, then ``columns``: the rows the
+    partial index holds are then one contiguous range of the MySQL index (``published_at IS
+    NULL`` first, as InnoDB sorts NULL first), in the partial index's own order, and a query
+    that states the predicate as equalities (``published_at IS NULL``, ``parked = false``)
+    reads just that range, in claim order. A range test (``attempts > 0``) comes last of the
+    predicate's columns, so its rows are still one range (ordered by it, not by ``columns``;
+    they are the few failed rows). The rule is pinned by a test for every index.
+    """
 
     name: str
     columns: tuple[str, ...]
     where: str
+    mysql_columns: tuple[str, ...]
 
     def to_index(self) -> Index:
         """A new, unattached ``Index``; it binds to the table it is passed to."""
@@ -136,7 +159,7 @@ class Step:
 
 def _columns_1() -> list[Column[Any]]:
     return [
-        Column("id", Uuid(), primary_key=True),
+        Column("id", ID_TYPE, primary_key=True),
         Column("job", String(255), nullable=False),
         Column("queue", String(255), nullable=False, server_default="default"),
         Column("input", JSON_TYPE, nullable=False),
@@ -184,7 +207,14 @@ STEPS: Mapping[int, Step] = {
         version=1,
         columns=_columns_1,
         constraints=_constraints_1,
-        indexes=(IndexSpec("ix_outbox_unpublished", ("staged_at", "id"), "published_at IS NULL"),),
+        indexes=(
+            IndexSpec(
+                "ix_outbox_unpublished",
+                ("staged_at", "id"),
+                "published_at IS NULL",
+                mysql_columns=("published_at", "staged_at", "id"),
+            ),
+        ),
         comment=None,
     ),
     2: Step(
@@ -195,17 +225,32 @@ STEPS: Mapping[int, Step] = {
                 "ix_outbox_claimable",
                 ("staged_at", "id"),
                 "published_at IS NULL AND dead_at IS NULL AND NOT parked",
+                mysql_columns=("published_at", "dead_at", "parked", "staged_at", "id"),
             ),
             IndexSpec(
                 "ix_outbox_key",
                 ("ordering_key", "staged_at", "id"),
                 "published_at IS NULL AND ordering_key IS NOT NULL",
+                mysql_columns=("published_at", "ordering_key", "staged_at", "id"),
             ),
             IndexSpec(
-                "ix_outbox_failing", ("staged_at", "id"), "published_at IS NULL AND attempts > 0"
+                "ix_outbox_failing",
+                ("staged_at", "id"),
+                "published_at IS NULL AND attempts > 0",
+                mysql_columns=("published_at", "attempts", "staged_at", "id"),
             ),
-            IndexSpec("ix_outbox_parked_group", ("staged_at",), "parked"),
-            IndexSpec("ix_outbox_parked_key", ("ordering_key",), "parked"),
+            IndexSpec(
+                "ix_outbox_parked_group",
+                ("staged_at",),
+                "parked",
+                mysql_columns=("parked", "staged_at"),
+            ),
+            IndexSpec(
+                "ix_outbox_parked_key",
+                ("ordering_key",),
+                "parked",
+                mysql_columns=("parked", "ordering_key"),
+            ),
         ),
         comment=_COMMENT.format(version=2),
     ),
@@ -215,7 +260,14 @@ STEPS: Mapping[int, Step] = {
         indexes=(
             # Purge's batches: the oldest published rows first, found without reading the
             # unpublished ones or the table (sqla_outbox.retention).
-            IndexSpec("ix_outbox_published", ("published_at",), "published_at IS NOT NULL"),
+            # On MySQL the plain index: its NULLs (the unpublished rows) sort first, and purge's
+            # range (published_at < cutoff) never reaches them.
+            IndexSpec(
+                "ix_outbox_published",
+                ("published_at",),
+                "published_at IS NOT NULL",
+                mysql_columns=("published_at",),
+            ),
         ),
         comment=_COMMENT.format(version=3),
     ),
@@ -240,6 +292,16 @@ def check_version(version: object, *, argument: str = "version") -> int:
     return version
 
 
+# The table options on MySQL and MariaDB (see the module docs). SQLAlchemy reads ``mysql_``
+# options for a ``mysql://`` URL and ``mariadb_`` ones for a ``mariadb://`` URL.
+_MYSQL_OPTIONS = {"engine": "InnoDB", "charset": "utf8mb4", "collate": "utf8mb4_bin"}
+_TABLE_OPTIONS: dict[str, Any] = {
+    f"{dialect}_{option}": value
+    for dialect in MYSQL_DIALECTS
+    for option, value in _MYSQL_OPTIONS.items()
+}
+
+
 def build_table(version: int, metadata: MetaData, *, schema: str | None = None) -> Table:
     """A new ``Table`` of table version ``version`` on ``metadata``, in ``schema``.
 
@@ -254,7 +316,29 @@ def build_table(version: int, metadata: MetaData, *, schema: str | None = None) 
         *(spec.to_index() for step in steps for spec in step.indexes),
         schema=schema,
         comment=table_comment(version),
+        **_TABLE_OPTIONS,
     )
+
+
+_SPECS: Mapping[str, IndexSpec] = {
+    spec.name: spec for step in STEPS.values() for spec in step.indexes
+}
+
+
+def mysql_index_columns(index: Index) -> tuple[str, ...] | None:
+    """The columns of ``index`` on MySQL and MariaDB if it is one of the outbox's indexes (its
+    table is named ``outbox``, its name and columns are a released index's), else ``None``.
+
+    :mod:`sqla_outbox.ddl` builds the outbox's indexes from these there; the Alembic comparator
+    takes them for what such an index has in the database.
+    """
+    spec = _SPECS.get(str(index.name))
+    table = index.table
+    if spec is None or table is None or table.name != TABLE_NAME:
+        return None
+    if tuple(column.name for column in index.columns) != spec.columns:
+        return None
+    return spec.mysql_columns
 
 
 def table_comment(version: int) -> str | None:

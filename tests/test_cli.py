@@ -380,7 +380,7 @@ MALFORMED_URLS = [
     ("postgresql+psycopg://app:hun@ter2@db/shop", "write it as %40"),
     ("postgres://app:hunter2@db/shop", "write postgresql+psycopg:// instead"),
     ("foo://x", "is for 'foo', which sqla-outbox does not support"),
-    ("mysql://root:hunter2@127.0.0.1:3306/shop", "is for 'mysql', which sqla-outbox does not"),
+    ("mysql://root:hunter2@127.0.0.1:3306/shop", "is for 'mysql' (MySQL/MariaDB), which sqla"),
     ("mssql+pyodbc://app:hunter2@db/shop", "is for 'mssql', which sqla-outbox does not"),
     ("redis://localhost:6379/0", "is for 'redis', which sqla-outbox does not"),
     ("postgresql+nosuch://app:hunter2@db/shop", "names the driver 'nosuch'"),
@@ -435,9 +435,10 @@ def test_url_from_the_environment_is_named_as_such() -> None:
 
 @pytest.mark.parametrize("command", ["relay", "status"])
 def test_mariadb_is_refused_before_connecting(command: str) -> None:
-    """Against the MariaDB server on 127.0.0.1:3306, with no MySQL driver installed, `relay` and
-    `status` refuse the URL from its dialect alone: exit 2, one sentence listing PostgreSQL and
-    SQLite, not a complaint about the missing driver and not a connection error."""
+    """Against the MariaDB server on 127.0.0.1:3306, `relay` and `status` refuse the URL from its
+    dialect alone (mysql:// names mysqlclient, which is not installed): exit 2, one sentence
+    saying MySQL/MariaDB is supported for staging only and listing PostgreSQL and SQLite, not a
+    complaint about the missing driver and not a connection error."""
     result = run_cli(
         command,
         "--once" if command == "relay" else "--json",
@@ -447,7 +448,8 @@ def test_mariadb_is_refused_before_connecting(command: str) -> None:
 
     assert result.returncode == 2
     line = assert_one_clean_error(result)
-    assert "'mysql://root@127.0.0.1:3306/mysql' is for 'mysql'" in line
+    assert "'mysql://root@127.0.0.1:3306/mysql' is for 'mysql' (MySQL/MariaDB)" in line
+    assert "supports only for staging (outbox.enqueue)" in line
     assert "it supports PostgreSQL (through psycopg 3" in line
     assert "SQLite" in line
     assert "driver module" not in line

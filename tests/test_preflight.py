@@ -254,17 +254,30 @@ def test_check_passes_with_the_privileges_and_on_sqlite(
 # --- databases other than PostgreSQL and SQLite ------------------------------------------------
 
 
+MYSQL_STAGING_ONLY = (
+    "(MySQL/MariaDB), which sqla-outbox supports only for staging (outbox.enqueue) and the "
+    "outbox table's Alembic operations until its relay store for them exists; for relays, "
+    "status, purge and dead letters it supports PostgreSQL (through psycopg 3"
+)
+
+
 @pytest.mark.parametrize(
     "url", ["mysql://root@127.0.0.1:3306/test", "mariadb+pymysql://root:hunter2@127.0.0.1/test"]
 )
-def test_relay_refuses_mysql_urls_without_their_driver(url: str) -> None:
-    """A MySQL or MariaDB URL is refused by the constructor with one sentence listing the
-    supported databases, before any driver is imported (none is installed) or any connection."""
+def test_relay_refuses_mysql_urls_before_importing_their_driver(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MySQL or MariaDB URL is refused by the constructor with one sentence saying they are
+    supported for staging only and listing the databases relays support, before any driver is
+    imported (PyMySQL is installed for the staging tests; it is unloaded here) or any
+    connection."""
+    monkeypatch.delitem(sys.modules, "pymysql", raising=False)
+    monkeypatch.delitem(sys.modules, "MySQLdb", raising=False)
     with pytest.raises(ConfigurationError) as caught:
         outbox.Relay(url, lambda message: None)
 
     message = str(caught.value)
-    assert f"is for {sa.make_url(url).get_backend_name()!r}" in message
+    assert f"is for {sa.make_url(url).get_backend_name()!r} {MYSQL_STAGING_ONLY}" in message
     assert SUPPORTED in message
     assert "SQLite" in message
     assert "hunter2" not in message
@@ -274,15 +287,16 @@ def test_relay_refuses_mysql_urls_without_their_driver(url: str) -> None:
 
 
 def test_relay_refuses_an_engine_of_another_database() -> None:
-    """An Engine built for MySQL (with a stand-in DBAPI module, as no MySQL driver is installed;
-    nothing connects) is refused by the constructor rather than failing later on SQL syntax."""
+    """An Engine built for MySQL (with a stand-in DBAPI module: nothing connects) is refused by
+    the constructor, saying MySQL is supported for staging only, rather than failing later on
+    SQL syntax."""
     engine = sa.create_engine(
         "mysql+pymysql://root@127.0.0.1:3306/test",
         module=types.SimpleNamespace(paramstyle="format"),
     )
-
-    with pytest.raises(ConfigurationError, match=r"is for 'mysql', which sqla-outbox does not"):
+    with pytest.raises(ConfigurationError) as caught:
         outbox.Relay(engine, lambda message: None)
+    assert f"is for 'mysql' {MYSQL_STAGING_ONLY}" in str(caught.value)
 
 
 # --- malformed binds ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Staging: what `enqueue` writes, when, and what a rollback of any kind leaves behind.
 
 Every test runs on PostgreSQL and on SQLite (the `engine` fixture), through a real connection.
+``test_mysql.py`` imports the test classes and runs them on MariaDB too: keep what they assume
+true of every database, and put a test that holds on fewer outside them.
 """
 
 from __future__ import annotations
