@@ -83,7 +83,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import SplitResult, unquote
 
 from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
@@ -253,20 +253,25 @@ def record_headers(message: OutboxMessage) -> list[tuple[str, bytes]]:
     tenant" from a tenant named ``""``. Raises ``UnicodeEncodeError`` for text that is not
     valid Unicode (a lone surrogate), which the publisher reports as a message failure.
     """
-    headers = {
-        "idempotency-key": message.idempotency_key,
-        "content-type": "application/json",
-        "id": str(message.id),
-        "job": message.job,
-        "queue": message.queue,
-        "max-attempts": str(message.max_attempts),
-        "run-at": message.run_at.isoformat(),
-        "staged-at": message.staged_at.isoformat(),
-        "tenant-id": message.tenant_id,
-        "enqueued-by": message.enqueued_by,
-        "traceparent": message.traceparent,
-    }
-    return [(name, value.encode("utf-8")) for name, value in headers.items() if value is not None]
+    headers = [
+        ("idempotency-key", message.idempotency_key.encode()),
+        ("content-type", b"application/json"),
+        ("id", str(message.id).encode()),
+        ("job", message.job.encode()),
+        ("queue", message.queue.encode()),
+        ("max-attempts", str(message.max_attempts).encode()),
+        ("run-at", message.run_at.isoformat().encode()),
+        ("staged-at", message.staged_at.isoformat().encode()),
+    ]
+    # Built as a list in one go: a record's headers are built for every message of a pass.
+    for name, value in (
+        ("tenant-id", message.tenant_id),
+        ("enqueued-by", message.enqueued_by),
+        ("traceparent", message.traceparent),
+    ):
+        if value is not None:
+            headers.append((name, value.encode()))
+    return headers
 
 
 class _Pass:
@@ -437,7 +442,7 @@ class KafkaPublisher:
     ) -> None:
         key = message.ordering_key.encode("utf-8") if message.ordering_key is not None else None
         value = compact_json(message.input).encode("utf-8")
-        headers: list[tuple[str, str | bytes | None]] = [*record_headers(message)]
+        headers = cast("list[tuple[str, str | bytes | None]]", record_headers(message))
         while True:
             try:
                 producer.produce(topic, value, key, on_delivery=callback, headers=headers)

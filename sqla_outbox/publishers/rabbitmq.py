@@ -168,6 +168,10 @@ class RabbitMQPublisher:
     message; the connection itself opens on the first publish. See the module docs.
     """
 
+    overlap = True
+    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): measured to
+    pay with this broker (the ``brokers`` benchmark's "overlap flipped" row)."""
+
     def __init__(self, url: str = DEFAULT_URL, *, exchange: str | None = None) -> None:
         require_client(pika is not None, "The RabbitMQ publisher", "amqp")
         options, pika_url = _split_url(url)
