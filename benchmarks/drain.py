@@ -166,39 +166,25 @@ def _drain_relay(ctx: Context, batch_size: int) -> tuple[int, float]:
     return published, elapsed
 
 
-def _drain_raw(ctx: Context, batch_size: int) -> tuple[int, float]:
-    """The baseline loop: claim b, hand each row to the no-op publisher, one fenced mark."""
+def _drain_raw(ctx: Context, batch_size: int, *, ordered: bool = False) -> tuple[int, float]:
+    """The baseline loop: claim b (:data:`RAW_CLAIM`, or :data:`RAW_ORDERED_CLAIM` when
+    ``ordered``), hand each row to the no-op publisher, one fenced mark."""
     with ctx.raw() as conn:
         published = 0
         start = time.perf_counter()
         while True:
             token = f"raw:{secrets.token_hex(8)}"
-            rows = conn.execute(RAW_CLAIM, (token, batch_size)).fetchall()
-            for row in rows:
+            if ordered:
+                rows = conn.execute(RAW_ORDERED_CLAIM, {"token": token, "batch": batch_size})
+            else:
+                rows = conn.execute(RAW_CLAIM, (token, batch_size))
+            claimed = rows.fetchall()
+            for row in claimed:
                 _noop(row)
-            if rows:
-                conn.execute(RAW_MARK, ([row[0] for row in rows], token))
-            published += len(rows)
-            if len(rows) < batch_size:
-                break
-        return published, time.perf_counter() - start
-
-
-def _drain_raw_ordered(ctx: Context, batch_size: int) -> tuple[int, float]:
-    """The baseline loop with :data:`RAW_ORDERED_CLAIM`: the same mark, the same round trips."""
-    with ctx.raw() as conn:
-        published = 0
-        start = time.perf_counter()
-        while True:
-            token = f"raw:{secrets.token_hex(8)}"
-            params = {"token": token, "batch": batch_size}
-            rows = conn.execute(RAW_ORDERED_CLAIM, params).fetchall()
-            for row in rows:
-                _noop(row)
-            if rows:
-                conn.execute(RAW_MARK, ([row[0] for row in rows], token))
-            published += len(rows)
-            if len(rows) < batch_size:
+            if claimed:
+                conn.execute(RAW_MARK, ([row[0] for row in claimed], token))
+            published += len(claimed)
+            if len(claimed) < batch_size:
                 break
         return published, time.perf_counter() - start
 
@@ -278,7 +264,7 @@ def run_drain(ctx: Context) -> list[Result]:
             "ours": _drain_relay,
             "raw SQL": _drain_raw,
             "library SQL": _drain_library_sql,
-            "ordered raw SQL": _drain_raw_ordered,
+            "ordered raw SQL": lambda ctx, b: _drain_raw(ctx, b, ordered=True),
         }
         counts: dict[str, list[int]] = {name: [] for name in drainers}
         arms = {
