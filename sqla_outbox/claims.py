@@ -35,7 +35,7 @@ from functools import partial
 from operator import itemgetter
 from typing import Any, cast
 
-from sqlalchemy import Connection, CursorResult, Engine, Executable
+from sqlalchemy import Connection, CursorResult, Engine, Executable, Select, Update
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import driver_sql, queries
@@ -134,13 +134,22 @@ class ClaimStatements:
         dialect = self._dialect = engine.dialect.name
         self._pg = dialect == "postgresql"
         self._claim = queries.claim_stmt(dialect, order)
-        # PostgreSQL marks a claim inside the next claim's statement; SQLite, which allows no
-        # UPDATE inside WITH, in the next claim's transaction, and parks in a statement of its own.
-        self._mark_and_claim = queries.mark_and_claim_stmt(order) if self._pg else None
-        # PostgreSQL's claim for an uncrowded outbox, used while the last claim found it so.
-        self._fast_claim = queries.claim_stmt(dialect, order, fast=True) if self._pg else None
-        self._fast_mark_and_claim = (
-            queries.mark_and_claim_stmt(order, fast=True) if self._pg else None
+        # PostgreSQL's claims by (fast, carrying a mark): a claim marks the previous one inside
+        # its own statement (SQLite, which allows no UPDATE inside WITH, marks in the claim's
+        # transaction and parks in a statement of its own), and the fast claim serves while the
+        # last claim found the outbox uncrowded.
+        self._pg_claims: dict[tuple[bool, bool], Select[Any] | Update] = (
+            {
+                (fast, merged): (
+                    queries.mark_and_claim_stmt(order, fast=fast)
+                    if merged
+                    else queries.claim_stmt(dialect, order, fast=fast)
+                )
+                for fast in (False, True)
+                for merged in (False, True)
+            }
+            if self._pg
+            else {}
         )
         self._crowded = False
         self._park = None if self._pg else queries.park_stmt(dialect, order)
@@ -159,7 +168,7 @@ class ClaimStatements:
         self._precompiled: dict[int, driver_sql.Precompiled] = {}
         if driver_sql.applies(engine.dialect, engine.get_execution_options()):
             for statement in (
-                self._claim, self._mark_and_claim, self._fast_claim, self._fast_mark_and_claim,
+                self._claim, *self._pg_claims.values(),
                 self._mark, self._release, self._fail, self._renew, self._sweep, self._settle,
             ):  # fmt: skip
                 if statement is not None:
@@ -219,13 +228,11 @@ class ClaimStatements:
     def _pg_claim(
         self, token: str, unmarked: Unmarked | None, params: dict[str, Any], *, fast: bool
     ) -> Claimed:
-        if unmarked is None:
-            statement = self._fast_claim if fast else self._claim
-        else:
-            statement = self._fast_mark_and_claim if fast else self._mark_and_claim
+        statement = self._pg_claims[fast, unmarked is not None]
+        if unmarked is not None:
             params = {**params, "previous_token": unmarked.token, "previous_ids": unmarked.ids}
         with self._transaction(statements=1) as conn:
-            rows = self._rows(self._execute(conn, cast("Executable", statement), params))
+            rows = self._rows(self._execute(conn, statement, params))
         counts = rows[0]
         header = 5 if unmarked is not None else 3
         if unmarked is not None:

@@ -246,11 +246,10 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
     * **In flight**: a row in another claim, or locked by one this instant. None when the due,
       unpublished rows of the claim index up to the last candidate, backoffs aside, are exactly
       the candidates: one range scan, stopped one row past the ``:size`` candidates.
-    * **Stuck**: a dead letter, a row in retry backoff, a parked row. Those are few, stay for
-      a while, and hold only their own transaction and key: none may share a transaction or
-      key with a candidate (probed through the small partial indexes of failed and parked
-      rows), wherever it is. A relay passing dead letters or a retrying message thus keeps
-      the fast claim for everything they do not hold.
+    * **Stuck** (:func:`_stuck`): a dead letter, a row in retry backoff, a parked row. They stay
+      for a while and hold only their own transaction and key: none may share a transaction
+      or key with a candidate, wherever it is. A relay passing dead letters or a retrying
+      message thus keeps the fast claim for everything they do not hold.
 
     Conservative: a row a concurrent claim locked, stamped or published after this statement's
     snapshot, or a stuck row after the candidate it shares a key with, counts as crowding.
@@ -282,56 +281,34 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
         > select(func.count()).select_from(candidates).scalar_subquery()
     )
 
-    def shares(row: Any) -> ColumnElement[bool]:
-        return or_(
-            row.c.staged_at.in_(select(candidates.c.staged_at)),
-            row.c.ordering_key.in_(select(candidates.c.ordering_key)),
-        )
-
-    # The failed rows are few: one scan of their partial index, each checked against hashes of
-    # the candidates' transactions and keys.
-    failed_row = t.alias("failed")
-    failed = exists(
-        select(literal_column("1")).where(
-            _unpublished(failed_row),
-            # The failed rows' partial index (every dead or waiting row): a literal, or a generic
-            # plan could not match its predicate and would scan the table.
-            failed_row.c.attempts > literal_column("0"),
-            failed_row.c.run_at <= now,
-            or_(failed_row.c.dead_at.is_not(None), failed_row.c.retry_at > now),
-            shares(failed_row),
-        )
-    )
-
-    # Parked rows can be many (everything behind a dead letter): one probe per candidate
-    # transaction and per candidate key, through the indexes of unpublished rows by transaction
-    # and by key (a handful of rows each). A scalar subquery with LIMIT stays a per-row probe,
-    # and ``coalesce(parked, false)`` keeps the small partial indexes of parked rows out of it:
-    # with stale statistics a plan believes them nearly empty and scans one whole for every
-    # candidate (90 ms a claim with 10,000 parked rows).
-    def parked_with(column: str) -> ColumnElement[bool]:
-        # Once per distinct transaction or key of the candidates, not per candidate.
+    # Stuck rows can be many (dead letters kept for weeks, everything parked behind them): one
+    # probe per distinct transaction and key of the candidates, through the indexes of
+    # unpublished rows by transaction and by key (a handful of rows each). A scalar subquery
+    # with LIMIT stays a per-row probe whatever the planner believes; as a join, with stale
+    # statistics that made the parked rows look few, it checked each of 9,900 parked rows
+    # against every candidate (90 ms a claim).
+    def stuck_with(column: str) -> ColumnElement[bool]:
         owners = (
             select(candidates.c[column])
             .where(candidates.c[column].is_not(None))
             .distinct()
             .subquery(f"candidate_{column}")
         )
-        row = t.alias(f"parked_{column}")
+        row = t.alias(f"stuck_{column}")
         probe = (
             select(literal_column("1"))
             .where(
                 row.c[column] == owners.c[column],
-                _unpublished(row),
-                func.coalesce(row.c.parked, false()),
+                *_holding(row, dialect, previous_claim),
+                _stuck(row, dialect),
             )
             .limit(literal_column("1"))
             .scalar_subquery()
         )
         return exists(select(literal_column("1")).select_from(owners).where(probe.is_not(None)))
 
-    parked = [parked_with("staged_at"), parked_with("ordering_key")]
-    return select(or_(in_flight, failed, *parked).label("crowded")).cte("gate")
+    stuck = [stuck_with("staged_at"), stuck_with("ordering_key")]
+    return select(or_(in_flight, *stuck).label("crowded")).cte("gate")
 
 
 def _claim_plan(dialect: str, order: str, previous_claim: Any) -> tuple[Select[Any], Any, Any, Any]:
