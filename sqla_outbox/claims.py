@@ -14,8 +14,9 @@ What it does for speed, and why it is safe:
   straight from the cursor: the claim is the one statement whose rows are many, and
   SQLAlchemy's per-value processing was a fifth of a drain's time (see
   :mod:`sqla_outbox.driver_sql`).
-* A claim published in full leaves its mark to the next claim (:class:`Unmarked`): on
-  PostgreSQL both travel in one statement, on SQLite in one transaction.
+* A pass leaves its write-back to the next claim (:class:`WriteBack`): on PostgreSQL both
+  travel in one statement, on SQLite in one transaction. That is the mark of a claim published
+  in full, and in key order also the charges and parking of a pass with failures.
 * The claim's window (how many candidates it locks to find ``batch_size`` it may take) starts at
   ``batch_size`` and widens by the rows the last claim had to leave (held back by other claims),
   so a relay whose candidates all belong to a transaction another relay is publishing still
@@ -47,7 +48,7 @@ from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.retries import RetryPolicy
 from sqla_outbox.schema_errors import raise_if_missing_table
 
-__all__ = ["ClaimStatements", "Claimed", "Unmarked", "next_window"]
+__all__ = ["ClaimStatements", "Claimed", "WriteBack", "next_window"]
 
 log = logging.getLogger("sqla_outbox.relay")
 
@@ -85,11 +86,24 @@ def next_window(window: int, batch_size: int, held: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Unmarked:
-    """A claim published in full whose mark rides on the next claim."""
+class WriteBack:
+    """What a pass writes back, fenced on its claim's ``token``: the ``ids`` it published, the
+    failures it charges, the rows it hands back (``released``) or parks (``held``).
+
+    Built by :meth:`ClaimStatements.write_back`; written by :meth:`ClaimStatements.write` or,
+    riding on it, by the next :meth:`ClaimStatements.claim`.
+    """
 
     token: str
     ids: list[uuid.UUID]
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    released: list[uuid.UUID] = field(default_factory=list)
+    held: list[uuid.UUID] = field(default_factory=list)
+
+    @property
+    def mark_only(self) -> bool:
+        """Nothing to write but the mark: the pass published its whole claim."""
+        return not (self.failures or self.released or self.held)
 
 
 @dataclass(slots=True)
@@ -134,19 +148,20 @@ class ClaimStatements:
         dialect = self._dialect = engine.dialect.name
         self._pg = dialect == "postgresql"
         self._claim = queries.claim_stmt(dialect, order)
-        # PostgreSQL's claims by (fast, carrying a mark): a claim marks the previous one inside
-        # its own statement (SQLite, which allows no UPDATE inside WITH, marks in the claim's
-        # transaction and parks in a statement of its own), and the fast claim serves while the
-        # last claim found the outbox uncrowded.
-        self._pg_claims: dict[tuple[bool, bool], Select[Any] | Update] = (
+        # PostgreSQL's claims by (fast, what they carry: nothing, a mark, a whole write-back): a
+        # claim writes the previous pass back inside its own statement (SQLite, which allows no
+        # UPDATE inside WITH, writes in the claim's transaction and parks in a statement of its
+        # own), and the fast claim serves while the last claim found the outbox uncrowded.
+        self._carries = (None, "mark", "settle") if order == "key" else (None, "mark")
+        self._pg_claims: dict[tuple[bool, str | None], Select[Any] | Update] = (
             {
-                (fast, merged): (
-                    queries.mark_and_claim_stmt(order, fast=fast)
-                    if merged
-                    else queries.claim_stmt(dialect, order, fast=fast)
+                (fast, carries): (
+                    queries.claim_stmt(dialect, order, fast=fast)
+                    if carries is None
+                    else queries.mark_and_claim_stmt(order, fast=fast, settle=carries == "settle")
                 )
                 for fast in (False, True)
-                for merged in (False, True)
+                for carries in self._carries
             }
             if self._pg
             else {}
@@ -178,9 +193,16 @@ class ClaimStatements:
 
     # -- claim ---------------------------------------------------------------------------------
 
-    def claim(self, token: str, unmarked: Unmarked | None) -> Claimed:
-        """Claim the next rows (writing ``unmarked``'s mark with them), widening the window
-        while held-back rows fill it.
+    def can_carry(self, write_back: WriteBack) -> bool:
+        """Whether the next claim can write ``write_back`` with it: a mark always; on
+        PostgreSQL a pass with failures only in key order (see
+        :func:`~sqla_outbox.queries.mark_and_claim_stmt`), on SQLite always (the claim's
+        transaction sees the writes before it)."""
+        return write_back.mark_only or not self._pg or "settle" in self._carries
+
+    def claim(self, token: str, carried: WriteBack | None) -> Claimed:
+        """Claim the next rows (writing ``carried`` with them, see :meth:`can_carry`), widening
+        the window while held-back rows fill it.
 
         A claim that takes nothing but parks or unparks rows has made progress: the next one
         sees further, so it goes again at once (each parks up to a window of rows, so a backlog
@@ -191,8 +213,8 @@ class ClaimStatements:
         """
         idle_tries = 0
         while True:
-            claimed = self._claim_once(token, unmarked)
-            unmarked = None
+            claimed = self._claim_once(token, carried)
+            carried = None
             progressed = claimed.parked or claimed.unparked
             self._window = next_window(self._window, self._batch_size, claimed.held)
             if claimed.messages or not (claimed.held or progressed):
@@ -209,14 +231,14 @@ class ClaimStatements:
                 params["cutoff"] = now - params.pop("lease")
         return params
 
-    def _claim_once(self, token: str, unmarked: Unmarked | None) -> Claimed:
+    def _claim_once(self, token: str, carried: WriteBack | None) -> Claimed:
         params = self._params(
             limit=self._batch_size, window=self._window, lease=self._lease, token=token
         )
         if not self._pg:
-            return self._sqlite_claim(token, unmarked, params)
+            return self._sqlite_claim(token, carried, params)
         fast = not self._crowded and self._window == self._batch_size
-        claimed = self._pg_claim(token, unmarked, params, fast=fast)
+        claimed = self._pg_claim(token, carried, params, fast=fast)
         if fast and claimed.crowded:
             # The fast claim took nothing (its mark stands): the full claim sees what holds.
             unparked = claimed.unparked
@@ -226,29 +248,31 @@ class ClaimStatements:
         return claimed
 
     def _pg_claim(
-        self, token: str, unmarked: Unmarked | None, params: dict[str, Any], *, fast: bool
+        self, token: str, carried: WriteBack | None, params: dict[str, Any], *, fast: bool
     ) -> Claimed:
-        statement = self._pg_claims[fast, unmarked is not None]
-        if unmarked is not None:
-            params = {**params, "previous_token": unmarked.token, "previous_ids": unmarked.ids}
+        header = 3
+        carries = None
+        if carried is not None:
+            carries = "mark" if carried.mark_only else "settle"
+            params = {**params, **self._write_params(carried, "previous_token", "previous_ids")}
+            header += 2 if carried.mark_only else 5
         with self._transaction(statements=1) as conn:
-            rows = self._rows(self._execute(conn, statement, params))
+            rows = self._rows(self._execute(conn, self._pg_claims[fast, carries], params))
         counts = rows[0]
-        header = 5 if unmarked is not None else 3
-        if unmarked is not None:
-            self._check(unmarked.token, "mark", expected=len(unmarked.ids), touched=counts[0])
+        if carried is not None:
+            self._check_written(carried, counts)
         claimed = self._decode(token, rows if rows[0][header] is not None else [], header)
         claimed.parked, claimed.held, claimed.crowded = counts[header - 3 : header]
-        if unmarked is not None:
+        if carried is not None:
             claimed.unparked = counts[1]
         return claimed
 
     def _sqlite_claim(
-        self, token: str, unmarked: Unmarked | None, params: dict[str, Any]
+        self, token: str, carried: WriteBack | None, params: dict[str, Any]
     ) -> Claimed:
         with self._transaction(statements=2) as conn:
-            if unmarked is not None:
-                self._mark_rows(conn, unmarked.token, unmarked.ids)
+            if carried is not None:
+                self._write_in_steps(conn, carried)
             parked = len(conn.execute(cast("Executable", self._park), params).all())
             rows = self._rows(conn.execute(self._claim, params))
         claimed = self._decode(token, rows, 0)
@@ -285,11 +309,6 @@ class ClaimStatements:
 
     # -- settle --------------------------------------------------------------------------------
 
-    def mark(self, unmarked: Unmarked) -> None:
-        """Write a deferred mark on its own (before the loop waits, stops or gives up)."""
-        with self._transaction(statements=1 if self._pg else 2) as conn:
-            self._mark_rows(conn, unmarked.token, unmarked.ids)
-
     def _mark_rows(self, conn: Connection, token: str, ids: list[uuid.UUID]) -> None:
         params = self._params(token=token, ids=ids)
         result = self._execute(conn, self._mark, params)
@@ -312,24 +331,23 @@ class ClaimStatements:
         self.settle(claimed, PassOutcome(handed_back=list(claimed.messages)))
 
     def settle(self, claimed: Claimed, outcome: PassOutcome) -> list[OutboxMessage]:
-        """Write back one pass: mark what was published, charge what failed (retry backoff or
-        dead letter), hand back the rest at once; in one transaction, fenced on the claim.
-        Returns the failed messages that became dead letters."""
-        token = claimed.token
-        steps = (
-            bool(outcome.published)
-            + bool(outcome.failed)
-            + bool(outcome.handed_back)
-            + bool(outcome.held_back)
-        )
-        if not steps:
-            return []
+        """Write back one pass now (see :meth:`write_back`); the failed messages that became
+        dead letters."""
+        write_back, dead = self.write_back(claimed, outcome)
+        self.write(write_back)
+        return dead
+
+    def write_back(
+        self, claimed: Claimed, outcome: PassOutcome
+    ) -> tuple[WriteBack, list[OutboxMessage]]:
+        """What one pass must write back: mark what was published, charge what failed (retry
+        backoff or dead letter), park what a failure held back, hand back the rest at once;
+        with the failed messages that become dead letters. Each failure is logged here."""
         failures = self._failures(claimed, outcome) if outcome.failed else []
-        if self._pg and steps > 1:
-            self._settle_at_once(token, outcome, failures)
-        else:
-            self._settle_in_steps(token, outcome, failures)
+        dead = []
         for (message, _error), params in zip(outcome.failed, failures, strict=True):
+            if params["dead"]:
+                dead.append(message)
             log_event(
                 log,
                 logging.WARNING,
@@ -343,51 +361,75 @@ class ClaimStatements:
                 retry_in=None if params["dead"] else params["backoff"].total_seconds(),
                 error=params["error"],
             )
-        failed = zip(outcome.failed, failures, strict=True)
-        return [message for (message, _error), params in failed if params["dead"]]
+        write_back = WriteBack(
+            claimed.token,
+            [m.id for m in outcome.published],
+            failures,
+            [m.id for m in outcome.handed_back],
+            [m.id for m in outcome.held_back],
+        )
+        return write_back, dead
 
-    def _settle_at_once(
-        self, token: str, outcome: PassOutcome, failures: list[dict[str, Any]]
-    ) -> None:
-        """PostgreSQL: the whole write-back as one autocommit statement (queries.settle_stmt)."""
-        released = [m.id for m in outcome.handed_back]
-        held = [m.id for m in outcome.held_back]
-        params = {
-            "token": token,
-            "ids": [m.id for m in outcome.published],
-            "failed_ids": [f["failed_id"] for f in failures],
-            "errors": [f["error"] for f in failures],
-            "delays": [f["delay"] for f in failures],
-            "deads": [f["dead"] for f in failures],
-            "released_ids": released,
-            "held_ids": held,
-        }
-        with self._transaction(statements=1) as conn:
-            marked, _unparked, charged, back, parked = self._rows(
-                self._execute(conn, cast("Executable", self._settle), params)
-            )[0]
-        self._check(token, "mark", expected=len(outcome.published), touched=marked)
-        self._check(token, "charge", expected=len(failures), touched=charged)
-        self._check(token, "release", expected=len(released) + len(held), touched=back + parked)
+    def write(self, write_back: WriteBack) -> None:
+        """Write ``write_back`` in one transaction (before the loop waits, stops or gives up,
+        or when the next claim cannot carry it), fenced on its claim."""
+        steps = bool(write_back.ids) + bool(write_back.failures)
+        steps += bool(write_back.released) + bool(write_back.held)
+        if not steps:
+            return
+        if self._pg and steps > 1:
+            params = self._write_params(write_back, "token", "ids")
+            with self._transaction(statements=1) as conn:
+                counts = self._rows(self._execute(conn, cast("Executable", self._settle), params))
+            self._check_written(write_back, counts[0])
+            return
+        with self._transaction(statements=1 if self._pg else 2) as conn:
+            self._write_in_steps(conn, write_back)
 
-    def _settle_in_steps(
-        self, token: str, outcome: PassOutcome, failures: list[dict[str, Any]]
-    ) -> None:
-        """The write-back as a transaction of statements (SQLite; PostgreSQL's single step)."""
-        steps = bool(outcome.published) + bool(failures)
-        steps += bool(outcome.handed_back) + bool(outcome.held_back)
-        with self._transaction(statements=2 if (steps > 1 or not self._pg) else 1) as conn:
-            if outcome.published:
-                self._mark_rows(conn, token, [m.id for m in outcome.published])
-            if failures:
-                result = self._execute(conn, self._fail, failures)
-                self._check(token, "charge", expected=len(failures), touched=result.rowcount)
-            for released, park in ((outcome.handed_back, False), (outcome.held_back, True)):
-                if released:
-                    ids = [m.id for m in released]
-                    params = self._params(token=token, ids=ids, park=park)
-                    result = self._execute(conn, self._release, params)
-                    self._check(token, "release", expected=len(ids), touched=result.rowcount)
+    def _write_params(self, write_back: WriteBack, token: str, ids: str) -> dict[str, Any]:
+        """PostgreSQL: the parameters of a write-back as one statement (``queries.settle_stmt``,
+        or riding on a claim, ``queries.mark_and_claim_stmt``)."""
+        params: dict[str, Any] = {token: write_back.token, ids: write_back.ids}
+        if write_back.mark_only:
+            return params
+        failures = write_back.failures
+        failed_ids = [f["failed_id"] for f in failures]
+        params.update(
+            failed_ids=failed_ids,
+            errors=[f["error"] for f in failures],
+            delays=[f["delay"] for f in failures],
+            deads=[f["dead"] for f in failures],
+            released_ids=write_back.released,
+            held_ids=write_back.held,
+            kept_ids=[*failed_ids, *write_back.released, *write_back.held],
+        )
+        return params
+
+    def _check_written(self, write_back: WriteBack, counts: Sequence[Any]) -> None:
+        """Log a lost claim unless a write-back's counts (``marked, unparked`` and, for more
+        than a mark, ``charged, released, held_back``) touched every row it named."""
+        token = write_back.token
+        self._check(token, "mark", expected=len(write_back.ids), touched=counts[0])
+        if write_back.mark_only:
+            return
+        self._check(token, "charge", expected=len(write_back.failures), touched=counts[2])
+        handed_back = len(write_back.released) + len(write_back.held)
+        self._check(token, "release", expected=handed_back, touched=counts[3] + counts[4])
+
+    def _write_in_steps(self, conn: Connection, write_back: WriteBack) -> None:
+        """The write-back as statements of the caller's transaction (SQLite; PostgreSQL's
+        single step)."""
+        token = write_back.token
+        if write_back.ids:
+            self._mark_rows(conn, token, write_back.ids)
+        if write_back.failures:
+            result = self._execute(conn, self._fail, write_back.failures)
+            self._check(token, "charge", expected=len(write_back.failures), touched=result.rowcount)
+        for ids, park in ((write_back.released, False), (write_back.held, True)):
+            if ids:
+                params = self._params(token=token, ids=ids, park=park)
+                result = self._execute(conn, self._release, params)
+                self._check(token, "release", expected=len(ids), touched=result.rowcount)
 
     def _failures(self, claimed: Claimed, outcome: PassOutcome) -> list[dict[str, Any]]:
         before = dict(zip((m.id for m in claimed.messages), claimed.attempts, strict=True))

@@ -34,7 +34,7 @@ import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from sqla_outbox.claims import Claimed, ClaimStatements, Unmarked
+from sqla_outbox.claims import Claimed, ClaimStatements, WriteBack
 
 __all__ = ["ClaimAhead", "wants_overlap"]
 
@@ -61,22 +61,22 @@ class ClaimAhead:
         """Whether the mark sent with the last claim ahead was written (if it failed, the
         relay still owes it)."""
 
-    def start(self, token: str, unmarked: Unmarked | None, in_flight: str) -> None:
-        """Write ``unmarked``'s mark, then claim as if the claim ``in_flight`` (the one being
+    def start(self, token: str, carried: WriteBack | None, in_flight: str) -> None:
+        """Write ``carried``'s mark, then claim as if the claim ``in_flight`` (the one being
         published now) were already published, on the worker thread."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{self._name}-ahead")
-        self.marked = unmarked is None
-        self._future = self._executor.submit(self._claim_ahead, token, unmarked, in_flight)
+        self.marked = carried is None
+        self._future = self._executor.submit(self._claim_ahead, token, carried, in_flight)
 
-    def _claim_ahead(self, token: str, unmarked: Unmarked | None, in_flight: str) -> Claimed:
-        if unmarked is not None:
-            self._statements.mark(unmarked)
+    def _claim_ahead(self, token: str, carried: WriteBack | None, in_flight: str) -> Claimed:
+        if carried is not None:
+            self._statements.write(carried)
             self.marked = True
         # A mark of nothing under the in-flight claim's token: the claim's ordering guard then
         # counts that claim's rows as published, as it does a mark riding on it, so the claim
         # continues exactly where the pass in flight ends (a transaction it splits included).
-        return self._statements.claim(token, Unmarked(in_flight, []))
+        return self._statements.claim(token, WriteBack(in_flight, []))
 
     @property
     def started(self) -> bool:

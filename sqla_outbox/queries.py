@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -33,6 +34,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     false,
@@ -48,6 +50,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import BindParameter
 
+from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow, UTCDateTime
 
@@ -168,16 +171,41 @@ def _fenced(token: str = "token") -> ColumnElement[bool]:
     return and_(outbox_table.c.claimed_by == bindparam(token), _unpublished())
 
 
-def _holding(table: Any, dialect: str, previous_claim: Any) -> list[ColumnElement[bool]]:
+@dataclass(frozen=True)
+class _Previous:
+    """The previous claim, whose write-back travels in the claim's statement.
+
+    All parts of one statement see one snapshot, in which the previous claim's rows are still
+    stamped with its token and unpublished. ``kept`` (a parameter of ids, or None) names those
+    of its rows the write-back leaves unpublished: charged, handed back or held back.
+    """
+
+    token: BindParameter[Any]
+    kept: BindParameter[Any] | None = None
+
+    def excludes(self, table: Any) -> ColumnElement[bool]:
+        """Not a row of the previous claim: the only rows this statement may claim (one
+        statement must not update a row twice)."""
+        mine: ColumnElement[bool] = table.c.claimed_by.is_distinct_from(self.token)
+        return mine
+
+    def holds(self, table: Any) -> ColumnElement[bool]:
+        """Not published by the write-back: every row but the previous claim's published ones."""
+        if self.kept is None:
+            return self.excludes(table)
+        return or_(self.excludes(table), table.c.id == any_(self.kept))
+
+
+def _holding(table: Any, dialect: str, previous: _Previous | None) -> list[ColumnElement[bool]]:
     """Rows that hold back the later rows of their transaction and key: due and unpublished.
 
     A row not yet due (``run_at`` in the future) holds nothing back: a scheduled message joins
-    the order when its time comes. Rows marked published by this very statement (stamped with
-    ``previous_claim``, see :func:`mark_and_claim_stmt`) count as published.
+    the order when its time comes. Rows this very statement marks published (see
+    :func:`mark_and_claim_stmt`) count as published.
     """
     conditions = [_unpublished(table), table.c.run_at <= _now(dialect)]
-    if previous_claim is not None:
-        conditions.append(table.c.claimed_by.is_distinct_from(previous_claim))
+    if previous is not None:
+        conditions.append(previous.holds(table))
     return conditions
 
 
@@ -197,7 +225,7 @@ def _related(later: Any, earlier: Any) -> ColumnElement[bool]:
     )
 
 
-def _candidates(dialect: str, order: str, previous_claim: Any, size: str) -> Any:
+def _candidates(dialect: str, order: str, previous: _Previous | None, size: str) -> Any:
     """Up to ``:size`` claimable rows in claim order, locked ``FOR UPDATE SKIP LOCKED``.
 
     Claimable: unpublished, not dead, not parked, due, past any retry backoff, unclaimed or
@@ -214,13 +242,13 @@ def _candidates(dialect: str, order: str, previous_claim: Any, size: str) -> Any
         or_(t.c.retry_at.is_(None), t.c.retry_at <= now),
         or_(t.c.claimed_at.is_(None), t.c.claimed_at < _lease_cutoff(dialect)),
     ]
-    if previous_claim is not None:
-        claimable.append(t.c.claimed_by.is_distinct_from(previous_claim))
+    if previous is not None:
+        claimable.append(previous.excludes(t))
     if order == "strict":
         failing = t.alias("failing")
         first_failing = (
             select(failing.c.staged_at, failing.c.id)
-            .where(*_holding(failing, dialect, previous_claim), failing.c.attempts > 0)
+            .where(*_holding(failing, dialect, previous), failing.c.attempts > 0)
             .order_by(failing.c.staged_at, failing.c.id)
             .limit(literal_column("1"))
         )
@@ -237,7 +265,26 @@ def _candidates(dialect: str, order: str, previous_claim: Any, size: str) -> Any
     )
 
 
-def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> Any:
+def _ends(candidates: Any, name: str, prefix: str) -> Any:
+    """Per transaction (``name="staged_at"``) or ordering key of the candidates: its last
+    candidate (``end_staged_at``, ``end_id``) and how many candidates it has (``size``)."""
+    part = candidates.c[name]
+    ranked = select(
+        part,
+        candidates.c.staged_at.label("end_staged_at"),
+        candidates.c.id.label("end_id"),
+        func.row_number()
+        .over(partition_by=part, order_by=(candidates.c.staged_at.desc(), candidates.c.id.desc()))
+        .label("rn"),
+        func.count().over(partition_by=part).label("size"),
+    )
+    if name == "ordering_key":
+        ranked = ranked.where(part.is_not(None))
+    ranked_rows = ranked.subquery(f"{prefix}_{name}_ranked")
+    return select(ranked_rows).where(ranked_rows.c.rn == 1).subquery(f"{prefix}_{name}_ends")
+
+
+def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: str) -> Any:
     """Whether anything may hold a candidate back, as a one-row CTE (column ``crowded``).
 
     A candidate is held by a due, unpublished row of its transaction or key before it that is
@@ -251,11 +298,16 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
       or key with a candidate, wherever it is. A relay passing dead letters or a retrying
       message thus keeps the fast claim for everything they do not hold.
 
+    The previous claim's rows that its write-back (travelling in this statement) leaves
+    unpublished count as stuck: charged or held back, they hold only their own transactions and
+    keys, which the claim after a pass with a failure rarely meets again.
+
     Conservative: a row a concurrent claim locked, stamped or published after this statement's
     snapshot, or a stuck row after the candidate it shares a key with, counts as crowding.
     """
     t = outbox_table
     now = _now(dialect)
+
     last = (
         select(candidates.c.staged_at, candidates.c.id)
         .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
@@ -263,10 +315,13 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
         .scalar_subquery()
     )
     ahead_row = t.alias("ahead")
+    # The range scan counts rows in flight elsewhere; the previous claim's kept rows are stuck.
+    mine = [] if previous is None or previous.kept is None else [previous.excludes(ahead_row)]
     ahead = (
         select(literal_column("1"))
         .where(
-            *_holding(ahead_row, dialect, previous_claim),
+            *_holding(ahead_row, dialect, previous),
+            *mine,
             ahead_row.c.dead_at.is_(None),  # the claim index's rows: no dead or parked ones
             ~ahead_row.c.parked,
             or_(ahead_row.c.retry_at.is_(None), ahead_row.c.retry_at <= now),
@@ -288,18 +343,16 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
     # statistics that made the parked rows look few, it checked each of 9,900 parked rows
     # against every candidate (90 ms a claim).
     def stuck_with(column: str) -> ColumnElement[bool]:
-        owners = (
-            select(candidates.c[column])
-            .where(candidates.c[column].is_not(None))
-            .distinct()
-            .subquery(f"candidate_{column}")
-        )
+        # Only a stuck row before its transaction's (or key's) last candidate holds one back:
+        # the rows parked behind a retried first row of a transaction do not crowd its claim.
+        owners = _ends(candidates, column, "gate")
         row = t.alias(f"stuck_{column}")
         probe = (
             select(literal_column("1"))
             .where(
                 row.c[column] == owners.c[column],
-                *_holding(row, dialect, previous_claim),
+                _position(row) < tuple_(owners.c.end_staged_at, owners.c.end_id),
+                *_holding(row, dialect, previous),
                 _stuck(row, dialect),
             )
             .limit(literal_column("1"))
@@ -308,10 +361,26 @@ def _crowded(candidates: Any, dialect: str, previous_claim: Any, size: str) -> A
         return exists(select(literal_column("1")).select_from(owners).where(probe.is_not(None)))
 
     stuck = [stuck_with("staged_at"), stuck_with("ordering_key")]
+    if previous is not None and previous.kept is not None:
+        kept = t.alias("kept")
+        shares = or_(
+            candidates.c.staged_at == kept.c.staged_at,
+            candidates.c.ordering_key == kept.c.ordering_key,
+        )
+        stuck.append(
+            exists(
+                select(literal_column("1"))
+                .select_from(kept)
+                .join(candidates, shares)
+                .where(kept.c.id == any_(previous.kept))
+            )
+        )
     return select(or_(in_flight, *stuck).label("crowded")).cte("gate")
 
 
-def _claim_plan(dialect: str, order: str, previous_claim: Any) -> tuple[Select[Any], Any, Any, Any]:
+def _claim_plan(
+    dialect: str, order: str, previous: _Previous | None
+) -> tuple[Select[Any], Any, Any, Any]:
     """What a claim takes, parks and leaves: ``(claim ids, park ids, excluded CTE, gate CTE)``.
 
     * **Candidates** (:func:`_candidates`): up to ``:window`` claimable rows (a relay widens the
@@ -332,35 +401,19 @@ def _claim_plan(dialect: str, order: str, previous_claim: Any) -> tuple[Select[A
       periodic sweep (:func:`sweep_parked_stmt`) catches any whose holder went another way.
     """
     t = outbox_table
-    candidates = _candidates(dialect, order, previous_claim, "window")
-    gate = _crowded(candidates, dialect, previous_claim, "window")
+    candidates = _candidates(dialect, order, previous, "window")
+    gate = _crowded(candidates, dialect, previous, "window")
     crowded = select(gate.c.crowded).scalar_subquery()
 
     def held(name: str, member: Callable[[Any, Any], ColumnElement[bool]]) -> Any:
         # Per group (or key) of the candidates: its last candidate and how many there are; held
         # when the due, unpublished rows up to that candidate are more; stuck when one is stuck.
-        part = candidates.c[name]
-        ranked = select(
-            part,
-            candidates.c.staged_at.label("end_staged_at"),
-            candidates.c.id.label("end_id"),
-            func.row_number()
-            .over(
-                partition_by=part,
-                order_by=(candidates.c.staged_at.desc(), candidates.c.id.desc()),
-            )
-            .label("rn"),
-            func.count().over(partition_by=part).label("size"),
-        )
-        if name == "ordering_key":
-            ranked = ranked.where(part.is_not(None))
-        ranked_rows = ranked.subquery(f"{name}_ranked")
-        ends = select(ranked_rows).where(ranked_rows.c.rn == 1).subquery(f"{name}_ends")
+        ends = _ends(candidates, name, "held")
         row = t.alias(f"{name}_row")
         upto = [
             member(row, ends),
             _position(row) <= tuple_(ends.c.end_staged_at, ends.c.end_id),
-            *_holding(row, dialect, previous_claim),
+            *_holding(row, dialect, previous),
         ]
         due = select(func.count()).where(*upto).scalar_subquery()
         stuck = exists(select(literal_column("1")).where(*upto, _stuck(row, dialect)))
@@ -422,7 +475,7 @@ def _claim_update(dialect: str, claim: Select[Any]) -> Update:
 
 
 def _postgresql_claim(
-    order: str, previous_claim: Any, counts: list[Any], *, fast: bool
+    order: str, previous: _Previous | None, counts: list[Any], *, fast: bool
 ) -> Select[Any]:
     """The claim as one PostgreSQL statement: park, claim, and a leading row of counts.
 
@@ -435,15 +488,15 @@ def _postgresql_claim(
     """
     t = outbox_table
     if fast:
-        candidates = _candidates("postgresql", order, previous_claim, "limit")
-        gate = _crowded(candidates, "postgresql", previous_claim, "limit")
+        candidates = _candidates("postgresql", order, previous, "limit")
+        gate = _crowded(candidates, "postgresql", previous, "limit")
         crowded = select(gate.c.crowded).scalar_subquery()
         claimed = _claim_update("postgresql", select(candidates.c.id).where(~crowded)).cte(
             "claimed"
         )
         state: list[Any] = [literal_column("0").label("parked"), literal_column("0").label("held")]
     else:
-        claim, park, excluded, gate = _claim_plan("postgresql", order, previous_claim)
+        claim, park, excluded, gate = _claim_plan("postgresql", order, previous)
         parked = (
             update(t).where(t.c.id.in_(park)).values(parked=True).returning(t.c.id).cte("parked")
         )
@@ -514,8 +567,10 @@ def park_stmt(dialect: str, order: str = "key") -> Update:
     )
 
 
-def mark_and_claim_stmt(order: str = "key", *, fast: bool = False) -> Select[Any]:
-    """PostgreSQL: mark the previous claim published and take the next one, in one statement.
+def mark_and_claim_stmt(
+    order: str = "key", *, fast: bool = False, settle: bool = False
+) -> Select[Any]:
+    """PostgreSQL: write back the previous claim and take the next one, in one statement.
 
     A relay working through a backlog publishes a whole claim and claims again at once; sending
     the previous claim's fenced mark (on ``:previous_token`` and ``:previous_ids``) inside the
@@ -523,22 +578,38 @@ def mark_and_claim_stmt(order: str = "key", *, fast: bool = False) -> Select[Any
     statement: they commit together, or neither does and the relay still holds the mark to write.
     The mark also unparks the rows its rows held back (see :func:`mark_published_stmt`).
 
-    All parts see the same snapshot, in which the rows being marked still look unpublished. So
-    the claim skips rows stamped ``:previous_token`` (a lease that lapsed would otherwise make
-    them candidates, and one statement must not update a row twice), and the ordering guard
-    counts them as published, or a transaction whose first rows ended the previous claim would
-    wait a pass while the rest of the backlog overtook it.
+    ``settle=True`` (``order="key"`` only) carries a whole write-back instead: the mark, the
+    failed rows charged and the rows they held back parked, as :func:`settle_stmt` (same
+    parameters, fenced on ``:previous_token``), plus ``:kept_ids``, the previous claim's rows it
+    leaves unpublished. A pass with a failure then costs no statement of its own.
 
-    The leading columns are ``marked`` (rows the mark touched), ``unparked``, then those of
-    :func:`claim_stmt` (``fast`` as there). Parameters: those of :func:`claim_stmt` on
-    PostgreSQL, plus ``previous_token`` and ``previous_ids``.
+    All parts see the same snapshot, in which the previous claim's rows are still stamped
+    ``:previous_token`` and unpublished. So the claim skips them (a lease that lapsed would
+    otherwise make them candidates, and one statement must not update a row twice), and the
+    ordering guard counts the ones being marked as published, or a transaction whose first rows
+    ended the previous claim would wait a pass while the rest of the backlog overtook it; the
+    kept ones go on holding back their transactions and keys. (In strict order a failure must
+    also hold back every later row; the charge that says so is not in the snapshot, so a strict
+    relay settles a failed pass on its own.)
+
+    The leading columns are ``marked`` (rows the mark touched), ``unparked`` (with ``settle``
+    also ``charged``, ``released``, ``held_back``), then those of :func:`claim_stmt` (``fast``
+    as there). Parameters: those of :func:`claim_stmt` on PostgreSQL, plus ``previous_token``
+    and ``previous_ids`` (and those of ``settle``).
     """
+    if settle and order != "key":
+        raise ValueError("a failed pass in strict order is settled on its own")
+    token: BindParameter[Any] = bindparam("previous_token")
+    if settle:
+        counts = _write_back("previous_token", "previous_ids")
+        kept = bindparam("kept_ids", type_=ARRAY(outbox_table.c.id.type))
+        return _postgresql_claim(order, _Previous(token, kept), counts, fast=fast)
     marked, unparked = _mark_ctes("postgresql", "previous_token", "previous_ids")
     counts = [
         select(func.count()).select_from(marked).scalar_subquery().label("marked"),
         select(func.count()).select_from(unparked).scalar_subquery().label("unparked"),
     ]
-    return _postgresql_claim(order, bindparam("previous_token"), counts, fast=fast)
+    return _postgresql_claim(order, _Previous(token), counts, fast=fast)
 
 
 def _mark_ctes(dialect: str, token: str, ids: str) -> tuple[Any, Any]:
@@ -691,11 +762,16 @@ def settle_stmt() -> Select[Any]:
     as :func:`fail_stmt`), and hands back ``:released_ids`` and, parked, ``:held_ids`` (as
     :func:`release_stmt`). One round trip instead of a transaction of four statements for every
     pass with a failure. Returns the counts ``marked``, ``unparked``, ``charged``,
-    ``released``, ``held``.
+    ``released``, ``held_back``.
     """
+    return select(*_write_back("token", "ids"))
+
+
+def _write_back(token: str, ids: str) -> list[Any]:
+    """The counts of a pass's write-back (:func:`settle_stmt`) done by data-modifying CTEs."""
     t = outbox_table
     now = func.now()
-    marked, unparked = _mark_ctes("postgresql", "token", "ids")
+    marked, unparked = _mark_ctes("postgresql", token, ids)
     failures = (
         func.unnest(
             bindparam("failed_ids", type_=ARRAY(t.c.id.type)),
@@ -708,7 +784,7 @@ def settle_stmt() -> Select[Any]:
     )
     charged = (
         update(t)
-        .where(t.c.id == failures.c.id, _fenced())
+        .where(t.c.id == failures.c.id, _fenced(token))
         .values(
             claimed_by=null(),
             claimed_at=null(),
@@ -724,20 +800,18 @@ def settle_stmt() -> Select[Any]:
     def release(name: str, park: bool) -> Any:
         return (
             update(t)
-            .where(_fenced(), _ids("postgresql", name))
+            .where(_fenced(token), _ids("postgresql", name))
             .values(claimed_by=null(), claimed_at=null(), parked=park)
             .returning(t.c.id)
             .cte(name.removesuffix("_ids"))
         )
 
     parts = (marked, unparked, charged, release("released_ids", False), release("held_ids", True))
-    names = ("marked", "unparked", "charged", "released", "held")
-    return select(
-        *(
-            select(func.count()).select_from(part).scalar_subquery().label(name)
-            for part, name in zip(parts, names, strict=True)
-        )
-    )
+    names = ("marked", "unparked", "charged", "released", "held_back")
+    return [
+        select(func.count()).select_from(part).scalar_subquery().label(name)
+        for part, name in zip(parts, names, strict=True)
+    ]
 
 
 def renew_stmt(dialect: str) -> Update:

@@ -62,7 +62,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import queries
-from sqla_outbox.claims import Claimed, ClaimStatements, Unmarked
+from sqla_outbox.claims import Claimed, ClaimStatements, WriteBack
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.listener import NotificationListener, can_listen
@@ -264,7 +264,7 @@ class Relay:
         self._renewal = LeaseRenewal(
             self._statements.renew, self.claim_lease.total_seconds() / 3, self.relay_id
         )
-        self._unmarked: Unmarked | None = None
+        self._carried: WriteBack | None = None
         self._ahead = (
             ClaimAhead(self._statements, self.relay_id)
             if wants_overlap(publisher, overlap) and self._statements.can_claim_ahead
@@ -346,23 +346,28 @@ class Relay:
                 claimed = self._claim()
                 if not claimed.messages:
                     return PassResult()
-            carried: Unmarked | None = None
+            carried: WriteBack | None = None
             if ahead is not None and not self._stopping.is_set():
-                carried, self._unmarked = self._unmarked, None
+                carried, self._carried = self._carried, None
                 ahead.start(self._new_token(), carried, in_flight=claimed.token)
             started = time.perf_counter()
             outcome = self._publish_claim(claimed, interruptible)
             ahead_error = self._claimed_ahead(carried)
-            dead: list[OutboxMessage] = []
+            write_back, dead = self._statements.write_back(claimed, outcome)
             if (
                 defer_mark
-                and outcome.complete
                 and ahead_error is None
                 and not self._stopping.is_set()
+                and outcome.outage is None
+                and outcome.stop is None
+                # A claim taken ahead counted this claim's rows as published: only a pass that
+                # published them all may leave its write-back to the next claim.
+                and (outcome.complete or ahead is None)
+                and self._statements.can_carry(write_back)
             ):
-                self._unmarked = Unmarked(claimed.token, [m.id for m in outcome.published])
+                self._carried = write_back
             else:
-                dead = self._settle(claimed, outcome)
+                self._write(write_back, outcome)
                 if ahead is not None:
                     # A failure, an outage or a stop: what was claimed ahead goes back untried.
                     ahead.hand_back()
@@ -390,17 +395,17 @@ class Relay:
             )
 
     def _claim(self) -> Claimed:
-        """The pass's claim, with the last pass's deferred mark riding on it."""
-        unmarked, self._unmarked = self._unmarked, None
+        """The pass's claim, with the last pass's write-back riding on it."""
+        carried, self._carried = self._carried, None
         try:
-            return self._statements.claim(self._new_token(), unmarked)
+            return self._statements.claim(self._new_token(), carried)
         except BaseException:
-            # The mark went down with the claim carrying it: keep it for the next attempt (or
-            # for _end_passes). Writing it twice is harmless: the mark is fenced.
-            self._unmarked = unmarked
+            # The write-back went down with the claim carrying it: keep it for the next attempt
+            # (or for _end_passes). Writing it twice is harmless: it is fenced.
+            self._carried = carried
             raise
 
-    def _claimed_ahead(self, carried: Unmarked | None) -> BaseException | None:
+    def _claimed_ahead(self, carried: WriteBack | None) -> BaseException | None:
         """Wait for the claim sent ahead and keep it for the next pass; what it raised, if it
         failed (the mark it carried is then owed again)."""
         ahead = self._ahead
@@ -410,7 +415,7 @@ class Relay:
             ahead.keep(ahead.wait())
         except BaseException as error:
             if not ahead.marked:
-                self._unmarked = carried
+                self._carried = carried
             return error
         return None
 
@@ -434,17 +439,16 @@ class Relay:
         finally:
             self._renewal.end()
 
-    def _settle(self, claimed: Claimed, outcome: PassOutcome) -> list[OutboxMessage]:
-        """Write a pass back; a pass a publisher ended with ``KeyboardInterrupt``/``SystemExit``
-        logs a database error here instead of raising it, so the stop is what the caller sees
-        (its rows then wait out the lease). Returns the messages that became dead letters."""
+    def _write(self, write_back: WriteBack, outcome: PassOutcome) -> None:
+        """Write a pass back now; a pass a publisher ended with ``KeyboardInterrupt``/
+        ``SystemExit`` logs a database error here instead of raising it, so the stop is what the
+        caller sees (its rows then wait out the lease)."""
         try:
-            return self._statements.settle(claimed, outcome)
+            self._statements.write(write_back)
         except Exception:
             if outcome.stop is None:
                 raise
             log_event(log, logging.ERROR, "relay.settle_failed", exc_info=True, relay=self.relay_id)
-            return []
 
     def observe(self, observer: PassObserver) -> None:
         """Have ``observer.pass_done`` called after every pass that claims something (see
@@ -464,17 +468,17 @@ class Relay:
                 )
 
     def _end_passes(self, *, quiet: bool) -> None:
-        """Write a deferred mark, if any, and let go of the connection held between passes.
+        """Write a deferred write-back, if any, and let go of the connection held between passes.
 
-        ``quiet`` logs a failure to write the mark instead of raising it: the loop is ending
-        over another error, or has no caller to raise to. Those rows were published and are
-        published again once their lease lapses (at least once).
+        ``quiet`` logs a failure to write it instead of raising it: the loop is ending over
+        another error, or has no caller to raise to. Its published rows are published again
+        once their lease lapses (at least once), the rest is claimed again.
         """
         with self._pass_lock:
-            unmarked, self._unmarked = self._unmarked, None
+            carried, self._carried = self._carried, None
             try:
-                if unmarked is not None:
-                    self._statements.mark(unmarked)
+                if carried is not None:
+                    self._statements.write(carried)
                 if self._ahead is not None:
                     self._ahead.hand_back()
             except Exception as error:
@@ -485,8 +489,8 @@ class Relay:
                     logging.WARNING,
                     "relay.mark_failed",
                     relay=self.relay_id,
-                    claim=unmarked.token if unmarked else None,
-                    rows=len(unmarked.ids) if unmarked else 0,
+                    claim=carried.token if carried else None,
+                    rows=len(carried.ids) if carried else 0,
                     error=f"{type(error).__name__}: {error}".splitlines()[0],
                 )
             finally:

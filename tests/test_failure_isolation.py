@@ -514,8 +514,12 @@ class ClaimKinds:
         event.listen(engine, "before_cursor_execute", self._seen)
 
     def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        settles = "charged AS" in statement
         if "candidates AS" in statement:
-            self.sent.append("full" if "held_staged_at" in statement else "fast")
+            kind = "full" if "held_staged_at" in statement else "fast"
+            self.sent.append(f"{kind}+settle" if settles else kind)
+        elif settles:
+            self.sent.append("settle")
 
     def close(self) -> None:
         event.remove(self._engine, "before_cursor_execute", self._seen)
@@ -594,3 +598,49 @@ def test_the_fast_claim_passes_dead_letters_by_but_never_what_they_hold(
     outbox.discard_dead(pg_engine, [rows(pg_engine)["dead"].id])
     relay.drain()
     assert broker.published[-1] == "behind"
+
+
+def test_a_failed_pass_writes_back_with_the_next_claim_which_takes_nothing_it_holds(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Key order: the charge of a failed message and the parking of what it held back ride on
+    the next claim, with no statement of their own. That claim sees the failed pass's rows
+    still claimed, and must take neither the rest of the failed transaction nor a later
+    message of the failed message's key; it takes what they do not hold."""
+    stage_each(pg_engine, [("a0", "K"), ("a1", None), ("a2", None)], per_transaction=3)
+    stage_each(pg_engine, [("k", "K"), ("free", None)])
+    broker = Broker(refuse={"a0"})
+    kinds = ClaimKinds(pg_engine)
+    relay = make_relay(pg_engine, broker, batch_size=3)
+    relay.drain()
+    kinds.close()
+    assert broker.published == ["free"]
+    assert "settle" not in kinds.sent
+    # The fast claim writes the pass back and finds the failed row sharing key K with a
+    # candidate: crowded, so the full claim follows in the same pass.
+    assert kinds.sent[1:3] == ["fast+settle", "full"]
+    state = rows(pg_engine)
+    assert state["a0"].attempts == 1 and state["a0"].retry_at is not None
+    assert state["a1"].parked and state["a2"].parked
+    assert state["k"].published_at is None
+
+    broker.refuse.clear()
+    expire_backoffs(pg_engine)
+    relay.drain()
+    assert broker.published == ["free", "a0", "a1", "a2", "k"]
+
+
+def test_a_strict_relay_settles_a_failed_pass_on_its_own(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Strict order: the claim's snapshot would not see the charge that holds every later row
+    back, so a failed pass is written back by a statement of its own before the next claim."""
+    stage_each(pg_engine, [("a0", None), ("a1", None)], per_transaction=2)
+    stage_each(pg_engine, [("later", None)])
+    broker = Broker(refuse={"a0"})
+    kinds = ClaimKinds(pg_engine)
+    make_relay(pg_engine, broker, batch_size=2, order="strict").drain()
+    kinds.close()
+    assert broker.published == []
+    assert "settle" in kinds.sent
+    assert not any(kind.endswith("+settle") for kind in kinds.sent)
