@@ -34,7 +34,8 @@ import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from sqla_outbox.claims import Claimed, ClaimStatements, WriteBack
+from sqla_outbox.claims import Claimed, WriteBack
+from sqla_outbox.stores import SqlStore
 
 __all__ = ["ClaimAhead", "wants_overlap"]
 
@@ -50,7 +51,7 @@ def wants_overlap(publisher: object, overlap: bool | None) -> bool:
 class ClaimAhead:
     """The next claim of one relay, taken on a worker thread while a pass publishes."""
 
-    def __init__(self, statements: ClaimStatements, name: str) -> None:
+    def __init__(self, statements: SqlStore, name: str) -> None:
         self._statements = statements
         self._name = name
         self._executor: ThreadPoolExecutor | None = None

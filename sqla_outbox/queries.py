@@ -66,10 +66,13 @@ __all__ = [
     "fail_stmt",
     "holding_stmt",
     "idle_stmt",
+    "lock_stmt",
     "mark_and_claim_stmt",
     "mark_published_stmt",
+    "park_rows_stmt",
     "park_stmt",
     "pending_stmt",
+    "plan_stmt",
     "purge_stmt",
     "release_stmt",
     "renew_stmt",
@@ -77,6 +80,7 @@ __all__ = [
     "settle_stmt",
     "stage_rows",
     "stage_stmt",
+    "stamp_stmt",
     "status_stmt",
     "sweep_parked_stmt",
     "unpark_behind_stmt",
@@ -226,7 +230,16 @@ def _related(later: Any, earlier: Any) -> ColumnElement[bool]:
 
 
 def _candidates(dialect: str, order: str, previous: _Previous | None, size: str) -> Any:
-    """Up to ``:size`` claimable rows in claim order, locked ``FOR UPDATE SKIP LOCKED``.
+    """Up to ``:size`` claimable rows in claim order, locked ``FOR UPDATE SKIP LOCKED``."""
+    t = outbox_table
+    columns = (t.c.id, t.c.staged_at, t.c.ordering_key)
+    return _locking_read(dialect, order, previous, size, *columns).cte("candidates")
+
+
+def _locking_read(
+    dialect: str, order: str, previous: _Previous | None, size: str, *columns: Any
+) -> Select[Any]:
+    """``columns`` of up to ``:size`` claimable rows in claim order, ``FOR UPDATE SKIP LOCKED``.
 
     Claimable: unpublished, not dead, not parked, due, past any retry backoff, unclaimed or
     lapsed. With ``order="strict"`` the first failed, unpublished row (whichever relay is
@@ -256,12 +269,11 @@ def _candidates(dialect: str, order: str, previous: _Previous | None, size: str)
             or_(~exists(first_failing), _position(t) <= first_failing.scalar_subquery())
         )
     return (
-        select(t.c.id, t.c.staged_at, t.c.ordering_key)
+        select(*columns)
         .where(*claimable)
         .order_by(t.c.staged_at, t.c.id)
         .limit(_inline(size))
         .with_for_update(skip_locked=True)
-        .cte("candidates")
     )
 
 
@@ -379,9 +391,12 @@ def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: st
 
 
 def _claim_plan(
-    dialect: str, order: str, previous: _Previous | None
+    dialect: str, order: str, previous: _Previous | None, *, locked: bool = False
 ) -> tuple[Select[Any], Any, Any, Any]:
     """What a claim takes, parks and leaves: ``(claim ids, park ids, excluded CTE, gate CTE)``.
+
+    ``locked``: the candidates are the rows ``:candidate_ids`` the claim's transaction has
+    locked already (:func:`lock_stmt`); there is no gate (None) and the guard always runs.
 
     * **Candidates** (:func:`_candidates`): up to ``:window`` claimable rows (a relay widens the
       window while held-back rows fill it).
@@ -401,9 +416,19 @@ def _claim_plan(
       periodic sweep (:func:`sweep_parked_stmt`) catches any whose holder went another way.
     """
     t = outbox_table
-    candidates = _candidates(dialect, order, previous, "window")
-    gate = _crowded(candidates, dialect, previous, "window")
-    crowded = select(gate.c.crowded).scalar_subquery()
+    if locked:
+        # The rows the claim's transaction locked already (lock_stmt): no gate, the guard runs.
+        candidates = (
+            select(t.c.id, t.c.staged_at, t.c.ordering_key)
+            .where(_ids(dialect, "candidate_ids"))
+            .cte("candidates")
+        )
+        gate = None
+        guarded: list[ColumnElement[bool]] = []
+    else:
+        candidates = _candidates(dialect, order, previous, "window")
+        gate = _crowded(candidates, dialect, previous, "window")
+        guarded = [select(gate.c.crowded).scalar_subquery()]
 
     def held(name: str, member: Callable[[Any, Any], ColumnElement[bool]]) -> Any:
         # Per group (or key) of the candidates: its last candidate and how many there are; held
@@ -419,7 +444,7 @@ def _claim_plan(
         stuck = exists(select(literal_column("1")).where(*upto, _stuck(row, dialect)))
         return (
             select(ends.c[name], case((stuck, true()), else_=false()).label("stuck"))
-            .where(crowded, due != ends.c.size)
+            .where(*guarded, due != ends.c.size)
             .cte(f"held_{name}")
         )
 
@@ -565,6 +590,50 @@ def park_stmt(dialect: str, order: str = "key") -> Update:
         .values(parked=True)
         .returning(outbox_table.c.id)
     )
+
+
+def lock_stmt(dialect: str, order: str = "key") -> Select[Any]:
+    """MySQL/MariaDB: lock up to ``:window`` claimable rows in claim order and read them.
+
+    The first statement of a claim's transaction on a database without ``UPDATE ...
+    RETURNING`` (lock and read, guard, stamp, commit): ``SELECT`` of the :data:`CLAIM_FIELDS`
+    ``FOR UPDATE SKIP LOCKED``, so concurrent relays lock disjoint rows and never wait for each
+    other. The locks last until the transaction ends; :func:`plan_stmt` then says which of the
+    rows the claim may take. Parameters: ``window`` (written into the SQL), ``now``, ``cutoff``.
+    """
+    t = outbox_table
+    return _locking_read(dialect, order, None, "window", *_MESSAGE_COLUMNS, t.c.attempts)
+
+
+def plan_stmt(dialect: str, order: str = "key") -> Select[Any]:
+    """MySQL/MariaDB: which of the locked rows ``:candidate_ids`` a claim must leave.
+
+    The ordering guard of :func:`_claim_plan` over rows :func:`lock_stmt` locked in the same
+    transaction: every row it must leave (``id``), and whether to park it (``park``, its holder
+    is stuck). The claim takes the other candidates, in claim order, up to its batch size.
+    Parameters: ``candidate_ids``, ``now``.
+    """
+    _claim, park, excluded, _gate = _claim_plan(dialect, order, None, locked=True)
+    parked = case((excluded.c.id.in_(park), true()), else_=false()).label("park")
+    return select(excluded.c.id, parked)
+
+
+def stamp_stmt(dialect: str) -> Update:
+    """MySQL/MariaDB: stamp the locked rows ``:ids`` with the claim's ``:token`` and ``:now``.
+
+    No fence: the claim's own transaction holds their locks since :func:`lock_stmt` read them.
+    """
+    return (
+        update(outbox_table)
+        .where(_ids(dialect))
+        .values(claimed_by=bindparam("token"), claimed_at=_now(dialect))
+    )
+
+
+def park_rows_stmt(dialect: str) -> Update:
+    """MySQL/MariaDB: park the locked rows ``:ids`` (their holders are stuck, see
+    :func:`_claim_plan`), in the claim's transaction."""
+    return update(outbox_table).where(_ids(dialect)).values(parked=True)
 
 
 def mark_and_claim_stmt(

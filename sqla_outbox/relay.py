@@ -29,7 +29,7 @@ claim it published in full to the claim that follows at once: on PostgreSQL both
 statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), on SQLite in one transaction. A
 pass is then one round trip plus the publishing. A mark is never left waiting: before the loop
 sleeps, stops, or gives up after an error, it writes the mark on its own. The statements
-themselves run in :mod:`sqla_outbox.claims`.
+themselves run in a store (:mod:`sqla_outbox.stores`), one per database.
 
 Every update after the claim is fenced on the claim's token. A relay that stalls past its lease
 (GC pause, stuck broker call) wakes into a world where another relay has reclaimed its rows;
@@ -62,10 +62,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import queries
-from sqla_outbox.claims import Claimed, ClaimStatements, WriteBack
+from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
-from sqla_outbox.listener import NotificationListener, can_listen
 from sqla_outbox.liveness import Liveness, liveness_bound
 from sqla_outbox.logs import PassLog, describe_error, log_event
 from sqla_outbox.message import OutboxMessage
@@ -73,7 +72,7 @@ from sqla_outbox.metrics import Registry, relay_metrics
 from sqla_outbox.notify import subscribe, unsubscribe
 from sqla_outbox.observers import PassObserver, PassReport
 from sqla_outbox.overlap import ClaimAhead, wants_overlap
-from sqla_outbox.preflight import RELAY_PRIVILEGES, check_outbox_table, engine_from_url, relay_bind
+from sqla_outbox.preflight import RELAY_PRIVILEGES, check_outbox_table
 from sqla_outbox.publishers import PublisherLike, batch_function, publish_function
 from sqla_outbox.publishing import ENDS_PROCESS, PassOutcome, publish_claim
 from sqla_outbox.renewal import Claim, LeaseRenewal
@@ -93,6 +92,7 @@ from sqla_outbox.settings import (
     resolve_claim_lease,
     resolve_poll_interval,
 )
+from sqla_outbox.stores import open_store, relay_engine
 from sqla_outbox.tracing import trace_publish, trace_publish_batch
 
 __all__ = ["PassResult", "Relay"]
@@ -129,21 +129,6 @@ class PassResult:
             self.failed or other.failed,
             self.outage or other.outage,
         )
-
-
-def _relay_engine(bind: object) -> Engine:
-    # Refused before any connection, as ConfigurationError: a malformed URL, a database other
-    # than PostgreSQL or SQLite, a driver that is not installed or is asyncio-only. An
-    # AsyncEngine on psycopg 3 or aiosqlite becomes its synchronous twin's URL (preflight docs).
-    bind = relay_bind(bind)
-    if isinstance(bind, Engine):
-        url = bind.url
-        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
-            return bind
-        # A claim on SQLite must hold the write lock from its first statement (BEGIN
-        # IMMEDIATE); rather than add listeners to the caller's engine, use one of our own.
-        bind = url
-    return engine_from_url(bind, immediate=True, utc=True)
 
 
 def _resolve_relay_id(relay_id: str | None) -> str:
@@ -244,7 +229,7 @@ class Relay:
         self.publisher = publisher
         self._publish = trace_publish(publish_function(publisher), publisher)
         self._publish_batch = trace_publish_batch(batch_function(publisher), publisher)
-        self.engine = _relay_engine(bind)
+        self.engine = relay_engine(bind)
         self._owns_engine = self.engine is not bind
         self.retention = (
             None
@@ -252,7 +237,7 @@ class Relay:
             else BackgroundPurge(self.engine, retain_published, relay_id=self.relay_id)
         )
         self._liveness = Liveness()
-        self._statements = ClaimStatements(
+        self._statements = open_store(
             self.engine,
             relay_id=self.relay_id,
             order=self.order,
@@ -282,10 +267,8 @@ class Relay:
         if metrics is not None:
             self.observe(metrics)
         self.max_backoff = MAX_BACKOFF
-        self.poll_only = poll_only or not can_listen(self.engine)
-        self._listener = (
-            None if self.poll_only else NotificationListener(self.engine, self.wake, self.relay_id)
-        )
+        self._listener = None if poll_only else self._statements.listener(self.wake, self.relay_id)
+        self.poll_only = self._listener is None
 
     def __repr__(self) -> str:
         return f"<Relay {self.relay_id} on {hide_password(self.engine.url)}>"

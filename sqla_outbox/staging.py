@@ -55,17 +55,17 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Engine, event
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
-from sqla_outbox import driver_sql
 from sqla_outbox.errors import ArgumentTypeError, StagingError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow
 from sqla_outbox.notify import wake_local
 from sqla_outbox.queries import stage_rows, stage_stmt
 from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.stores import psycopg as psycopg_store
 from sqla_outbox.validation import MAX_INPUT_DEPTH, build_message, max_input_depth
 
 __all__ = ["enqueue", "staged"]
@@ -292,33 +292,15 @@ def staged(session: Any) -> tuple[OutboxMessage, ...]:
     return tuple(entry.message for entry in staging.entries) if staging else ()
 
 
-_stage_sql: weakref.WeakKeyDictionary[Dialect, driver_sql.Precompiled]
-_stage_sql = weakref.WeakKeyDictionary()
-
-
 def _insert(connection: Connection, messages: list[OutboxMessage]) -> None:
-    """INSERT ``messages`` on ``connection`` in one statement (an executemany for several).
-
-    On psycopg the INSERT is compiled once per engine and sent as driver SQL (see
-    :mod:`sqla_outbox.driver_sql`), with the input wrapped in ``Jsonb`` exactly as SQLAlchemy's
-    own JSONB type would; ``None`` stays JSON ``null``, as it does there.
-    """
+    """INSERT ``messages`` on ``connection`` in one statement (an executemany for several);
+    on psycopg as pre-compiled driver SQL (:func:`sqla_outbox.stores.psycopg.insert_staged`)."""
     rows = stage_rows(messages)
-    dialect = connection.dialect
     with raise_if_missing_table(connection):
-        if not driver_sql.applies(dialect, connection.get_execution_options()):
+        if psycopg_store.applies(connection.dialect, connection.get_execution_options()):
+            psycopg_store.insert_staged(connection, rows)
+        else:
             connection.execute(stage_stmt(), rows)
-            return
-        from psycopg.types.json import Jsonb  # noqa: PLC0415 - psycopg is this branch's driver
-
-        for row in rows:
-            row["input"] = Jsonb(row["input"])
-        stage = _stage_sql.get(dialect)
-        if stage is None:
-            stage = _stage_sql[dialect] = driver_sql.precompile(
-                stage_stmt(), dialect, OutboxMessage._fields
-            )
-        connection.exec_driver_sql(stage.sql, rows)
 
 
 @event.listens_for(Session, "before_commit")
