@@ -63,9 +63,9 @@ from sqla_outbox.errors import ArgumentTypeError, StagingError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow
 from sqla_outbox.notify import wake_local
-from sqla_outbox.queries import stage_rows, stage_stmt
+from sqla_outbox.queries import stage_rows
 from sqla_outbox.schema_errors import raise_if_missing_table
-from sqla_outbox.stores import psycopg as psycopg_store
+from sqla_outbox.stores import insert_staged
 from sqla_outbox.validation import MAX_INPUT_DEPTH, build_message, max_input_depth
 
 __all__ = ["enqueue", "staged"]
@@ -293,14 +293,10 @@ def staged(session: Any) -> tuple[OutboxMessage, ...]:
 
 
 def _insert(connection: Connection, messages: list[OutboxMessage]) -> None:
-    """INSERT ``messages`` on ``connection`` in one statement (an executemany for several);
-    on psycopg as pre-compiled driver SQL (:func:`sqla_outbox.stores.psycopg.insert_staged`)."""
-    rows = stage_rows(messages)
+    """INSERT ``messages`` on ``connection`` in one statement, the way its store does it
+    (:func:`sqla_outbox.stores.insert_staged`)."""
     with raise_if_missing_table(connection):
-        if psycopg_store.applies(connection.dialect, connection.get_execution_options()):
-            psycopg_store.insert_staged(connection, rows)
-        else:
-            connection.execute(stage_stmt(), rows)
+        insert_staged(connection, stage_rows(messages))
 
 
 @event.listens_for(Session, "before_commit")

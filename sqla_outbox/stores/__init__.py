@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from sqla_outbox import driver_sql
 from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.preflight import SUPPORTED_DATABASES, engine_from_url, relay_bind
+from sqla_outbox.queries import stage_stmt
+from sqla_outbox.stores import psycopg
 from sqla_outbox.stores.base import SqlStore
 from sqla_outbox.stores.mysql import MySQLStore
 from sqla_outbox.stores.postgresql import PostgresStore
@@ -40,6 +42,7 @@ __all__ = [
     "PsycopgStore",
     "SQLiteStore",
     "SqlStore",
+    "insert_staged",
     "open_store",
     "relay_engine",
 ]
@@ -78,3 +81,13 @@ def relay_engine(bind: object) -> Engine:
             return resolved
         resolved = url
     return engine_from_url(resolved, immediate=True, utc=True)
+
+
+def insert_staged(connection: Connection, rows: list[dict[str, Any]]) -> None:
+    """INSERT staged ``rows`` (:func:`~sqla_outbox.queries.stage_rows`) on an enqueuing
+    transaction's ``connection``, in one statement (an executemany for several): on psycopg as
+    pre-compiled driver SQL (:func:`PsycopgStore`'s module), elsewhere as the Core INSERT."""
+    if psycopg.applies(connection.dialect, connection.get_execution_options()):
+        psycopg.insert_staged(connection, rows)
+    else:
+        connection.execute(stage_stmt(), rows)
