@@ -214,7 +214,11 @@ def _holding(table: Any, dialect: str, previous: _Previous | None) -> list[Colum
 
 
 def _stuck(table: Any, dialect: str) -> ColumnElement[bool]:
-    """A holder that will not go away by itself within a pass: dead, backing off, or parked."""
+    """A holder that will not go away by itself within a pass: dead, backing off, or parked.
+
+    A dead or backing-off row has been charged (``attempts > 0``): only a failed publish sets
+    ``dead_at`` or ``retry_at``, and ``retry_dead`` clears both when it resets the count.
+    """
     return or_(table.c.dead_at.is_not(None), table.c.retry_at > _now(dialect), table.c.parked)
 
 
@@ -357,20 +361,30 @@ def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: st
     def stuck_with(column: str) -> ColumnElement[bool]:
         # Only a stuck row before its transaction's (or key's) last candidate holds one back:
         # the rows parked behind a retried first row of a transaction do not crowd its claim.
+        # Two probes, one per kind of stuck row, each matching a small partial index (failed
+        # rows: ix_outbox_failing; parked rows: ix_outbox_parked_*): with nothing failing a
+        # probe finds an empty index at once, where one probe for either kind walked every
+        # unpublished row of the transaction (2 ms of a 1,000-row claim).
         owners = _ends(candidates, column, "gate")
-        row = t.alias(f"stuck_{column}")
-        probe = (
-            select(literal_column("1"))
-            .where(
-                row.c[column] == owners.c[column],
-                _position(row) < tuple_(owners.c.end_staged_at, owners.c.end_id),
-                *_holding(row, dialect, previous),
-                _stuck(row, dialect),
+
+        def probe(kind: str, stuck: Callable[[Any], ColumnElement[bool]]) -> Any:
+            row = t.alias(f"{kind}_{column}")
+            return (
+                select(literal_column("1"))
+                .where(
+                    row.c[column] == owners.c[column],
+                    _position(row) < tuple_(owners.c.end_staged_at, owners.c.end_id),
+                    *_holding(row, dialect, previous),
+                    stuck(row),
+                )
+                .limit(literal_column("1"))
+                .scalar_subquery()
             )
-            .limit(literal_column("1"))
-            .scalar_subquery()
-        )
-        return exists(select(literal_column("1")).select_from(owners).where(probe.is_not(None)))
+
+        charged = probe("charged", lambda row: and_(row.c.attempts > 0, _stuck(row, dialect)))
+        parked = probe("parked", lambda row: row.c.parked)
+        probe_hit = or_(charged.is_not(None), parked.is_not(None))
+        return exists(select(literal_column("1")).select_from(owners).where(probe_hit))
 
     stuck = [stuck_with("staged_at"), stuck_with("ordering_key")]
     if previous is not None and previous.kept is not None:
