@@ -9,9 +9,10 @@ Every option is also read from an environment variable (``SQLA_OUTBOX_URL``,
 ``SQLA_OUTBOX_PUBLISHER``, ...; ``--help`` lists them), so a container needs no command line.
 
 Errors a user can cause print one sentence with the fix on stderr and exit non-zero: ``2`` for
-a bad option (a malformed ``--url``, a database other than PostgreSQL or SQLite, a driver that is
-not installed or is asyncio-only, a publisher that cannot be imported), ``1`` for the rest (an
-unreachable database, a missing table, a role without the privileges the command needs). The
+a bad option (a malformed ``--url``, a database other than PostgreSQL, SQLite, MySQL or MariaDB,
+MySQL or MariaDB for ``relay``, which does not run there yet, a driver that is not installed or is
+asyncio-only, a publisher that cannot be imported), ``1`` for the rest (an unreachable database, a
+missing table, a role without the privileges the command needs). The
 URL and the table are checked before the command starts (:mod:`sqla_outbox.preflight`), so a
 relay that cannot work exits at once instead of logging the same error forever. They never print
 a traceback; a traceback means a bug in sqla-outbox. Database URLs are always shown with the
@@ -404,7 +405,7 @@ def relay(
     claim-lease + max(poll-interval, 10) seconds, and 503 (with the reason) otherwise, including
     under --once (a drain, not a loop: scrape /metrics then, not /healthz).
     """
-    database_url = _require_url(ctx, url)
+    database_url = _require_url(ctx, url, relay=True)
     if metrics_port is not None and not prometheus_available():
         raise click.UsageError(f"--metrics-port: {PROMETHEUS_MISSING}", ctx)
     if not publisher:
@@ -1103,14 +1104,15 @@ def demo(keep: bool) -> int:
 # --- shared ------------------------------------------------------------------------------------
 
 
-def _require_url(ctx: click.Context, url: str | None) -> URL:
-    """The --url, checked before anything connects (see :mod:`sqla_outbox.preflight`)."""
+def _require_url(ctx: click.Context, url: str | None, *, relay: bool = False) -> URL:
+    """The --url, checked before anything connects (see :mod:`sqla_outbox.preflight`); with
+    ``relay``, also refused on a database relays cannot run on yet (MySQL, MariaDB)."""
     if not url:
         raise click.UsageError(
             f"Missing option '--url'. Pass --url {URL_EXAMPLE}, or set {_env('URL')}.", ctx
         )
     try:
-        parsed = database_url(url, **_url_source(ctx))
+        parsed = database_url(url, **_url_source(ctx), relay=relay)
     except ConfigurationError as error:
         raise click.UsageError(str(error), ctx) from error
     _refuse_missing_sqlite_file(parsed)

@@ -24,7 +24,8 @@ were acted on.
 
 The ``*_dead_letters(conn, ...)`` functions do the same on a ``Connection`` inside the caller's
 transaction and return the ids they changed; ``sqla-outbox dead`` uses them to name the ids it
-could not find.
+could not find. On MySQL and MariaDB, whose UPDATE cannot return the rows it changed, they first
+read the dead letters' ids ``FOR UPDATE`` and then change exactly those, in the same transaction.
 
 The trap: the package exports a *function* named ``dead_letters``, which hides this module's name
 on the package. Import from the module with ``from sqla_outbox.dead_letters import ...``;
@@ -44,6 +45,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from sqla_outbox import queries
+from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.notify import wake_local
@@ -186,12 +188,28 @@ def _id_params(ids: Sequence[uuid.UUID] | None) -> dict[str, Any]:
     return {} if ids is None else {"ids": list(ids)}
 
 
+def _lock_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
+    """The dead letters among ``ids`` (``None``: all), locked until ``conn``'s transaction ends.
+
+    For MySQL and MariaDB, whose UPDATE (and MySQL's DELETE) cannot return the rows it changed:
+    the ids read here are what the statement that follows, run on exactly these ids, changes.
+    """
+    statement = queries.dead_letters_stmt(_dialect(conn), ids=ids is not None, lock=True)
+    return list(conn.execute(statement, _id_params(ids)).scalars())
+
+
 def retry_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
     """Make the dead letters ``ids`` (``None``: all) claimable now, attempts reset; return the
     ids of the rows retried."""
     if ids is not None and not ids:
         return []
-    statement = queries.retry_dead_stmt(_dialect(conn), ids=ids is not None)
+    dialect = _dialect(conn)
+    if dialect in MYSQL_DIALECTS:
+        locked = _lock_dead_letters(conn, ids)
+        if locked:
+            conn.execute(queries.retry_dead_stmt(dialect, ids=True), {"ids": locked})
+        return locked
+    statement = queries.retry_dead_stmt(dialect, ids=ids is not None)
     return list(conn.execute(statement, _id_params(ids)).scalars())
 
 
@@ -201,11 +219,17 @@ def discard_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> l
     if ids is not None and not ids:
         return []
     dialect = _dialect(conn)
+    locked = None
+    if dialect in MYSQL_DIALECTS:
+        ids = locked = _lock_dead_letters(conn, ids)
+        if not locked:
+            return []
     # Unparking behind an id that turns out not to be a dead letter is harmless: a row still
     # held back by something stuck is parked again by the next claim that meets it.
     conn.execute(queries.unpark_behind_stmt(dialect, dead=ids is None), _id_params(ids))
     statement = queries.delete_dead_stmt(dialect, ids=ids is not None)
-    return list(conn.execute(statement, _id_params(ids)).scalars())
+    result = conn.execute(statement, _id_params(ids))
+    return locked if locked is not None else list(result.scalars())
 
 
 # --- on a bind ---------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def read_backlog(engine: Engine) -> BacklogNumbers:
     """Run :func:`~sqla_outbox.queries.backlog_stmt` once on ``engine``.
 
     Ages are measured on the database's clock on PostgreSQL (as ``sqla-outbox status`` does),
-    on this host's on SQLite.
+    on this host's on SQLite, MySQL and MariaDB.
     """
     dialect = engine.dialect.name
     params = {} if dialect == "postgresql" else {"now": dt.datetime.now(dt.timezone.utc)}

@@ -8,18 +8,21 @@ What is checked, and when:
 
 * **The URL** (:func:`database_url`), before any driver is imported or any connection is
   opened: it parses (a port that is not a number, an ``@`` in a password not written ``%40``);
-  it names PostgreSQL or SQLite (the dialect is the URL's scheme, so any other is refused before
-  its driver is imported); SQLAlchemy knows its driver. MySQL and MariaDB are refused here with
-  their own sentence: ``enqueue`` and the Alembic operations support them, the relay and the
-  operator commands (which run everything checked here) do not yet, as their relay store, a
-  different claim protocol (no ``UPDATE ... RETURNING`` there), is still to come.
+  it names PostgreSQL, SQLite, MySQL or MariaDB (the dialect is the URL's scheme, so any other
+  is refused before its driver is imported); SQLAlchemy knows its driver. For a relay
+  (``relay=True``) MySQL and MariaDB are refused here with their own sentence: ``enqueue``, the
+  Alembic operations, ``status``, ``purge`` and the dead-letter operations support them, the
+  relay does not yet, as its store there, a different claim protocol (no ``UPDATE ...
+  RETURNING``), is still to come.
 * **The driver** (:func:`engine_from_url`): its module is installed.
-* **The bind** given to a relay (:func:`relay_bind`): an ``Engine`` of a supported database, or
-  a URL as above. Everything here raises :class:`~sqla_outbox.errors.ConfigurationError`.
+* **The bind** given to a relay (:func:`relay_bind`) or to an operator function
+  (:func:`operator_engine`): an ``Engine`` of a supported database, or a URL as above.
+  Everything here raises :class:`~sqla_outbox.errors.ConfigurationError`.
 * **The table** (:func:`check_outbox_table`), on a connection: it exists
   (:class:`~sqla_outbox.errors.MissingTableError`), and on PostgreSQL the connected role holds
   the privileges the caller needs on it (:class:`~sqla_outbox.errors.MissingPrivilegeError`),
-  both in one statement. SQLite has no privileges. Then its schema version is at least
+  both in one statement. SQLite has no privileges; MySQL's are not checked (a statement the
+  role may not run fails with the server's own message). Then its schema version is at least
   :data:`~sqla_outbox.versions.SCHEMA_VERSION` (:class:`~sqla_outbox.errors.SchemaVersionError`
   naming ``op.upgrade_outbox_table``), read from the table's comment or columns.
 
@@ -57,6 +60,7 @@ from sqla_outbox.versions import SCHEMA_VERSION, inspected_version
 
 __all__ = [
     "BIND_FIX",
+    "RELAY_DATABASES",
     "RELAY_PRIVILEGES",
     "STATUS_PRIVILEGES",
     "SUPPORTED_DATABASES",
@@ -70,9 +74,15 @@ __all__ = [
 ]
 
 _EXAMPLE = "postgresql+psycopg://user:password@host/dbname"
-SUPPORTED_DATABASES = (
+_MYSQL_EXAMPLE = "mysql+pymysql://user:password@host/dbname"
+RELAY_DATABASES = (
     f"PostgreSQL (through psycopg 3, e.g. {_EXAMPLE}, or another SQLAlchemy driver) and "
     "SQLite (e.g. sqlite:///path/to/app.db)"
+)
+SUPPORTED_DATABASES = (
+    f"PostgreSQL (through psycopg 3, e.g. {_EXAMPLE}, or another SQLAlchemy driver), "
+    f"SQLite (e.g. sqlite:///path/to/app.db) and MySQL/MariaDB (through PyMySQL, e.g. "
+    f"{_MYSQL_EXAMPLE}; not yet for relays)"
 )
 BIND_FIX = f"Pass an Engine or a URL such as {_EXAMPLE} or sqlite:///path/to/app.db."
 
@@ -82,23 +92,35 @@ BIND_FIX = f"Pass an Engine or a URL such as {_EXAMPLE} or sqlite:///path/to/app
 RELAY_PRIVILEGES = ("SELECT", "UPDATE")
 STATUS_PRIVILEGES = ("SELECT",)
 
-_BACKENDS = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+_BACKENDS = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL", "mariadb": "MariaDB"}
+# Where the relay cannot run yet (its claim protocol there is still to come): refused for relays
+# only; staging, status, purge and the dead-letter operations work.
+_NO_RELAY_YET = MYSQL_DIALECTS
 # The driver of the same library that runs without asyncio, by (backend, async driver).
 _SYNC_TWINS = {("postgresql", "psycopg"): "postgresql+psycopg", ("sqlite", "aiosqlite"): "sqlite"}
-# What to suggest instead of a driver the relay cannot use: one that is always installed.
-_DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite"}
+# What to suggest instead of a driver sqla-outbox cannot use: one that is always installed (on
+# MySQL and MariaDB, the one the ``mysql`` extra installs).
+_DEFAULT_DRIVERS = {
+    "postgresql": "postgresql+psycopg",
+    "sqlite": "sqlite",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
 _MAX_PORT = 65535
 
 
 # --- URLs and binds ----------------------------------------------------------------------------
 
 
-def database_url(url: str | URL, *, source: str = "bind", fix: str = BIND_FIX) -> URL:
+def database_url(
+    url: str | URL, *, source: str = "bind", fix: str = BIND_FIX, relay: bool = False
+) -> URL:
     """``url`` parsed and checked without importing a driver or connecting (see module docs).
 
     ``source`` is how the caller's user supplied the URL (``"bind"``, ``"--url"``) and starts
-    every message; ``fix`` ends the messages that have no more specific fix. An async driver
-    with a synchronous twin comes back as the twin's URL.
+    every message; ``fix`` ends the messages that have no more specific fix; ``relay`` says the
+    URL is for a relay, which refuses the databases it cannot run on yet. An async driver with a
+    synchronous twin comes back as the twin's URL.
     """
     what = f"{source} {hide_password(url)!r}"
     try:
@@ -127,6 +149,8 @@ def database_url(url: str | URL, *, source: str = "bind", fix: str = BIND_FIX) -
         )
     if backend not in _BACKENDS:
         raise ConfigurationError(_unsupported(what, backend))
+    if relay and backend in _NO_RELAY_YET:
+        raise ConfigurationError(_no_relay_yet(what, backend))
     try:
         dialect = parsed.get_dialect()
     except ArgumentError as error:  # NoSuchModuleError: no such driver for this dialect
@@ -181,20 +205,26 @@ def relay_bind(bind: object) -> Engine | URL:
     """What a relay given ``bind`` should use: a supported ``Engine`` as it is, or a checked URL.
 
     An ``AsyncEngine`` (or an ``Engine`` whose driver is asyncio-only) becomes the URL of its
-    synchronous twin, or is refused (see module docs).
+    synchronous twin, or is refused (see module docs); so is a database relays cannot run on yet.
     """
+    return _resolve_bind(bind, relay=True)
+
+
+def _resolve_bind(bind: object, *, relay: bool) -> Engine | URL:
     # An AsyncEngine exists only if SQLAlchemy's asyncio extension was imported: look for it
     # there, so that plain-sync users never import it (nor greenlet) through us.
     asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
     if asyncio_ext is not None and isinstance(bind, asyncio_ext.AsyncEngine):
-        return database_url(bind.url, source="bind (an AsyncEngine)")
+        return database_url(bind.url, source="bind (an AsyncEngine)", relay=relay)
     if isinstance(bind, Engine):
-        check_dialect(bind)
+        check_dialect(bind, relay=relay)
         if bind.dialect.is_async:
-            return database_url(bind.url, source="bind (an Engine with an asyncio driver)")
+            return database_url(
+                bind.url, source="bind (an Engine with an asyncio driver)", relay=relay
+            )
         return bind
     if isinstance(bind, (str, URL)):
-        return database_url(bind)
+        return database_url(bind, relay=relay)
     raise ConfigurationError(
         f"bind must be an Engine or a database URL such as {_EXAMPLE}, got {bind!r}."
     )
@@ -203,8 +233,9 @@ def relay_bind(bind: object) -> Engine | URL:
 @contextmanager
 def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
     """``bind`` as an engine for a one-off operator call (``purge``, the dead-letter functions):
-    the caller's own, or one made for a URL and disposed afterwards."""
-    resolved = relay_bind(bind)
+    the caller's own, or one made for a URL and disposed afterwards. Unlike :func:`relay_bind`
+    it takes every supported database, MySQL and MariaDB included."""
+    resolved = _resolve_bind(bind, relay=False)
     if isinstance(resolved, Engine):
         yield resolved
         return
@@ -215,25 +246,30 @@ def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
         engine.dispose()
 
 
-def check_dialect(engine: Engine) -> None:
-    """Raise :class:`ConfigurationError` unless ``engine`` is on PostgreSQL or SQLite (on MySQL
-    or MariaDB saying they are supported for staging only)."""
+def check_dialect(engine: Engine, *, relay: bool = True) -> None:
+    """Raise :class:`ConfigurationError` unless ``engine`` is on a supported database; with
+    ``relay`` (the default), also on MySQL or MariaDB, where relays cannot run yet."""
     name = engine.dialect.name
+    what = f"bind {hide_password(engine.url)!r}"
     if name not in _BACKENDS:
-        raise ConfigurationError(_unsupported(f"bind {hide_password(engine.url)!r}", name))
+        raise ConfigurationError(_unsupported(what, name))
+    if relay and name in _NO_RELAY_YET:
+        raise ConfigurationError(_no_relay_yet(what, name))
 
 
 def _unsupported(what: str, backend: str) -> str:
-    if backend in MYSQL_DIALECTS:
-        return (
-            f"{what} is for {backend!r} (MySQL/MariaDB), which sqla-outbox supports only for "
-            "staging (outbox.enqueue) and the outbox table's Alembic operations until its relay "
-            "store for them exists; for relays, status, purge and dead letters it supports "
-            f"{SUPPORTED_DATABASES}."
-        )
     return (
         f"{what} is for {backend!r}, which sqla-outbox does not support; it supports "
         f"{SUPPORTED_DATABASES}."
+    )
+
+
+def _no_relay_yet(what: str, backend: str) -> str:
+    return (
+        f"{what} is for {backend!r} (MySQL/MariaDB), where sqla-outbox supports staging "
+        "(outbox.enqueue), the outbox table's Alembic operations, status, purge and dead letters, "
+        "but no relay until its relay store for them exists; relays run on "
+        f"{RELAY_DATABASES}."
     )
 
 

@@ -15,24 +15,34 @@ What it guarantees:
   unpublished row (due, scheduled, claimed, backing off) or a dead letter (unpublished by
   definition) never is, however old: the statement cannot match a NULL ``published_at``.
 * The cutoff is fixed once, when the purge starts: ``now - older_than`` by the database's clock
-  on PostgreSQL (the clock relays stamp ``published_at`` with), by this host's on SQLite. Rows
-  published while the purge runs are left to the next one, so a purge always ends.
+  on PostgreSQL (the clock relays stamp ``published_at`` with), by this host's on SQLite, MySQL
+  and MariaDB. Rows published while the purge runs are left to the next one, so a purge always
+  ends.
 * **Batches**, oldest first, each in a transaction of its own (``batch_size`` rows, one
   ``DELETE``), so no lock is held for long: relays lock only unpublished rows and ``enqueue``
   only inserts, so neither waits for a purge on PostgreSQL; on SQLite each batch holds the
-  database's write lock for one short statement. An interrupted purge loses only the batch in
-  flight, which is rolled back; what it deleted before stays deleted.
+  database's write lock for one short statement. On MySQL and MariaDB each batch runs at
+  ``READ COMMITTED``, so that it locks only the rows it deletes: at InnoDB's default
+  ``REPEATABLE READ`` its next-key locks over the ``published_at`` range it reads would make
+  ``enqueue``'s inserts (whose NULL ``published_at`` sorts just before that range) wait for the
+  batch. An interrupted purge loses only the batch in flight, which is rolled back; what it
+  deleted before stays deleted.
 * Purges running at the same time (two relays with ``retain_published``, an operator's) take
-  different rows: each batch skips the rows another has locked (PostgreSQL).
+  different rows: each batch skips the rows another has locked (PostgreSQL). On MySQL and
+  MariaDB a batch that meets rows another purge is deleting waits for that batch to commit.
 
 What it does not do: give the space back to the operating system. PostgreSQL's (auto)vacuum makes
-it reusable for new rows; an SQLite file keeps its size until ``VACUUM``. And it keeps no record
-of what it deleted: a consumer that deduplicates on ``idempotency_key`` must keep its own.
+it reusable for new rows (InnoDB's purge thread does the same); an SQLite file keeps its size until
+``VACUUM``. And it keeps no record of what it deleted: a consumer that deduplicates on
+``idempotency_key`` must keep its own.
 
 The trap: purging needs table version 3 (:mod:`sqla_outbox.versions`), whose index
 ``ix_outbox_published`` finds the oldest published rows without reading the others; on an older
 table every batch would read the whole table. :func:`purge` refuses one with
 :class:`~sqla_outbox.errors.SchemaVersionError` naming ``op.upgrade_outbox_table``, as relays do.
+And on MySQL and MariaDB, ``READ COMMITTED`` writes cannot go to a statement-based binary log: on
+a server with ``binlog_format=STATEMENT`` (MySQL 8 defaults to ``ROW``, MariaDB to ``MIXED``)
+every batch fails with error 1665; use ``ROW`` or ``MIXED``.
 
 Durations for the command line (``90s``, ``15m``, ``12h``, ``7d``, ``2w``) are read by
 :func:`parse_duration`.
@@ -52,7 +62,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from sqla_outbox import queries
-from sqla_outbox.coltypes import as_utc
+from sqla_outbox.coltypes import MYSQL_DIALECTS, as_utc
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.logs import log_event
 from sqla_outbox.preflight import check_outbox_table, operator_engine
@@ -60,6 +70,7 @@ from sqla_outbox.schema_errors import raise_if_missing_table
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "MYSQL_PURGE_ISOLATION",
     "PURGE_INTERVAL",
     "PURGE_PRIVILEGES",
     "ROUND_BATCHES",
@@ -82,6 +93,9 @@ PURGE_PRIVILEGES = ("SELECT", "UPDATE", "DELETE")
 
 DEFAULT_BATCH_SIZE = 10_000
 """Rows :func:`purge` deletes per transaction."""
+
+MYSQL_PURGE_ISOLATION = "READ COMMITTED"
+"""The isolation level of a purge's batches on MySQL and MariaDB (see the module docs)."""
 
 PURGE_INTERVAL = 60.0
 """Seconds, at least, between two rounds of a relay's background purge once it has caught up."""
@@ -159,7 +173,8 @@ def format_duration(value: dt.timedelta) -> str:
 
 def purge_cutoff(conn: Connection, older_than: dt.timedelta) -> dt.datetime | None:
     """``now - older_than``: the database's ``now()`` on PostgreSQL, this host's UTC time on
-    SQLite; ``None`` when that is before the year 1 (nothing is that old)."""
+    SQLite, MySQL and MariaDB, whose statements take their instants as parameters; ``None``
+    when that is before the year 1 (nothing is that old)."""
     if conn.dialect.name == "postgresql":
         now = as_utc(conn.execute(sa.select(sa.func.now())).scalar_one())
     else:
@@ -183,16 +198,21 @@ def purge_batches(
 
     Ends after a batch that deleted fewer than ``batch_size`` (nothing more is due, or another
     purge holds the rest), after ``max_batches`` batches, or once ``should_stop()`` is true.
+    On MySQL and MariaDB the batches run at ``READ COMMITTED`` (see the module docs).
     """
     if cutoff is None:
         return
-    statement = queries.purge_stmt(engine.dialect.name)
+    dialect = engine.dialect.name
+    statement = queries.purge_stmt(dialect)
     params = {"cutoff": cutoff, "limit": batch_size}
+    batch_engine = engine
+    if dialect in MYSQL_DIALECTS:
+        batch_engine = engine.execution_options(isolation_level=MYSQL_PURGE_ISOLATION)
     batches = 0
     while max_batches is None or batches < max_batches:
         if should_stop is not None and should_stop():
             return
-        with raise_if_missing_table(engine), engine.begin() as conn:
+        with raise_if_missing_table(engine), batch_engine.begin() as conn:
             deleted = conn.execute(statement, params).rowcount
         batches += 1
         yield deleted

@@ -380,7 +380,6 @@ MALFORMED_URLS = [
     ("postgresql+psycopg://app:hun@ter2@db/shop", "write it as %40"),
     ("postgres://app:hunter2@db/shop", "write postgresql+psycopg:// instead"),
     ("foo://x", "is for 'foo', which sqla-outbox does not support"),
-    ("mysql://root:hunter2@127.0.0.1:3306/shop", "is for 'mysql' (MySQL/MariaDB), which sqla"),
     ("mssql+pyodbc://app:hunter2@db/shop", "is for 'mssql', which sqla-outbox does not"),
     ("redis://localhost:6379/0", "is for 'redis', which sqla-outbox does not"),
     ("postgresql+nosuch://app:hunter2@db/shop", "names the driver 'nosuch'"),
@@ -433,27 +432,35 @@ def test_url_from_the_environment_is_named_as_such() -> None:
     assert "hunter2" not in result.stderr
 
 
-@pytest.mark.parametrize("command", ["relay", "status"])
-def test_mariadb_is_refused_before_connecting(command: str) -> None:
-    """Against the MariaDB server on 127.0.0.1:3306, `relay` and `status` refuse the URL from its
-    dialect alone (mysql:// names mysqlclient, which is not installed): exit 2, one sentence
-    saying MySQL/MariaDB is supported for staging only and listing PostgreSQL and SQLite, not a
-    complaint about the missing driver and not a connection error."""
-    result = run_cli(
-        command,
-        "--once" if command == "relay" else "--json",
-        url="mysql://root@127.0.0.1:3306/mysql",
-        publisher="stdout",
-    )
+def test_relay_refuses_mariadb_before_connecting() -> None:
+    """Against the MariaDB server on 127.0.0.1:3306, `relay` refuses the URL from its dialect
+    alone (mysql:// names mysqlclient, which is not installed): exit 2, one sentence saying
+    relays do not run on MySQL/MariaDB yet and listing PostgreSQL and SQLite, not a complaint
+    about the missing driver and not a connection error."""
+    result = run_cli("relay", "--once", url="mysql://root@127.0.0.1:3306/mysql", publisher="stdout")
 
     assert result.returncode == 2
     line = assert_one_clean_error(result)
     assert "'mysql://root@127.0.0.1:3306/mysql' is for 'mysql' (MySQL/MariaDB)" in line
-    assert "supports only for staging (outbox.enqueue)" in line
-    assert "it supports PostgreSQL (through psycopg 3" in line
+    assert "status, purge and dead letters, but no relay until its relay store" in line
+    assert "relays run on PostgreSQL (through psycopg 3" in line
     assert "SQLite" in line
     assert "driver module" not in line
     assert "Cannot connect" not in line
+
+
+@pytest.mark.parametrize("command", [["status"], ["purge", "--older-than", "7d"], ["dead", "list"]])
+def test_operator_commands_on_mysql_without_its_driver_name_pymysql(command: list[str]) -> None:
+    """`status`, `purge` and `dead` take a MySQL URL; one naming mysqlclient (mysql://), which is
+    not installed, is a usage error before connecting that names the module and the PyMySQL URL
+    to use instead."""
+    result = run_cli(*command, url="mysql://root:hunter2@127.0.0.1:3306/mysql")
+
+    assert result.returncode == 2
+    line = assert_one_clean_error(result)
+    assert "needs the driver module 'MySQLdb', which is not installed" in line
+    assert line.endswith("use 'mysql+pymysql://root:***@127.0.0.1:3306/mysql' instead.")
+    assert "hunter2" not in result.stderr
 
 
 def test_missing_url_names_the_flag_and_the_variable(

@@ -1,7 +1,8 @@
 """Start-up checks (``sqla_outbox.preflight``): what a user can get wrong is refused early.
 
-A role without the privileges the relay needs, a database other than PostgreSQL or SQLite, a
-malformed URL, an ``AsyncEngine``: each is pinned here through the real entry points
+A role without the privileges the relay needs, a database other than PostgreSQL, SQLite or
+MySQL/MariaDB (and MySQL/MariaDB for a relay), a malformed URL, an ``AsyncEngine``: each is pinned
+here through the real entry points
 (``Relay(...)``, ``Relay.check()``, the console script as a subprocess) against real databases.
 Roles are cluster-wide in PostgreSQL, so the ones these tests create are dropped at teardown.
 """
@@ -29,7 +30,7 @@ from sqla_outbox.engines import create_engine
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError, MissingTableError
 
 MakeRole = Callable[..., URL]
-SUPPORTED = "it supports PostgreSQL (through psycopg 3"
+RELAY_DATABASES = "relays run on PostgreSQL (through psycopg 3"
 
 
 @pytest.fixture
@@ -254,10 +255,10 @@ def test_check_passes_with_the_privileges_and_on_sqlite(
 # --- databases other than PostgreSQL and SQLite ------------------------------------------------
 
 
-MYSQL_STAGING_ONLY = (
-    "(MySQL/MariaDB), which sqla-outbox supports only for staging (outbox.enqueue) and the "
-    "outbox table's Alembic operations until its relay store for them exists; for relays, "
-    "status, purge and dead letters it supports PostgreSQL (through psycopg 3"
+MYSQL_NO_RELAY_YET = (
+    "(MySQL/MariaDB), where sqla-outbox supports staging (outbox.enqueue), the outbox table's "
+    "Alembic operations, status, purge and dead letters, but no relay until its relay store for "
+    "them exists; relays run on PostgreSQL (through psycopg 3"
 )
 
 
@@ -267,18 +268,18 @@ MYSQL_STAGING_ONLY = (
 def test_relay_refuses_mysql_urls_before_importing_their_driver(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A MySQL or MariaDB URL is refused by the constructor with one sentence saying they are
-    supported for staging only and listing the databases relays support, before any driver is
-    imported (PyMySQL is installed for the staging tests; it is unloaded here) or any
-    connection."""
+    """A MySQL or MariaDB URL is refused by the Relay constructor with one sentence saying what
+    sqla-outbox supports there (everything but a relay) and listing the databases relays run on,
+    before any driver is imported (PyMySQL is installed for the MySQL tests; it is unloaded
+    here) or any connection."""
     monkeypatch.delitem(sys.modules, "pymysql", raising=False)
     monkeypatch.delitem(sys.modules, "MySQLdb", raising=False)
     with pytest.raises(ConfigurationError) as caught:
         outbox.Relay(url, lambda message: None)
 
     message = str(caught.value)
-    assert f"is for {sa.make_url(url).get_backend_name()!r} {MYSQL_STAGING_ONLY}" in message
-    assert SUPPORTED in message
+    assert f"is for {sa.make_url(url).get_backend_name()!r} {MYSQL_NO_RELAY_YET}" in message
+    assert RELAY_DATABASES in message
     assert "SQLite" in message
     assert "hunter2" not in message
     assert "\n" not in message
@@ -288,15 +289,49 @@ def test_relay_refuses_mysql_urls_before_importing_their_driver(
 
 def test_relay_refuses_an_engine_of_another_database() -> None:
     """An Engine built for MySQL (with a stand-in DBAPI module: nothing connects) is refused by
-    the constructor, saying MySQL is supported for staging only, rather than failing later on
-    SQL syntax."""
+    the Relay constructor, saying relays do not run there yet, rather than failing later on SQL
+    syntax."""
     engine = sa.create_engine(
         "mysql+pymysql://root@127.0.0.1:3306/test",
         module=types.SimpleNamespace(paramstyle="format"),
     )
     with pytest.raises(ConfigurationError) as caught:
         outbox.Relay(engine, lambda message: None)
-    assert f"is for 'mysql' {MYSQL_STAGING_ONLY}" in str(caught.value)
+    assert f"is for 'mysql' {MYSQL_NO_RELAY_YET}" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["mssql+pyodbc://app:hunter2@db/shop", "oracle+oracledb://app:hunter2@db/shop"]
+)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda bind: outbox.Relay(bind, lambda message: None),
+        lambda bind: outbox.purge(bind, older_than=dt.timedelta(days=7)),
+        outbox.dead_letters,
+    ],
+    ids=["relay", "purge", "dead_letters"],
+)
+def test_other_databases_are_refused_naming_every_supported_one(
+    url: str, call: Callable[[str], object]
+) -> None:
+    """A URL for a database sqla-outbox does not support (MSSQL, Oracle) is refused by a relay
+    and by the operator functions alike, in one sentence listing PostgreSQL, SQLite and
+    MySQL/MariaDB (saying relays do not run on the last yet), with the password hidden."""
+    with pytest.raises(ConfigurationError) as caught:
+        call(url)
+
+    message = str(caught.value)
+    backend = sa.make_url(url).get_backend_name()
+    assert f"is for {backend!r}, which sqla-outbox does not support; it supports PostgreSQL (" in (
+        message
+    )
+    assert "SQLite (e.g. sqlite:///path/to/app.db) and MySQL/MariaDB (through PyMySQL, e.g. " in (
+        message
+    )
+    assert message.endswith("; not yet for relays).")
+    assert "hunter2" not in message
+    assert "\n" not in message
 
 
 # --- malformed binds ---------------------------------------------------------------------------
