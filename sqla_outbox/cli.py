@@ -405,7 +405,7 @@ def relay(
     claim-lease + max(poll-interval, 10) seconds, and 503 (with the reason) otherwise, including
     under --once (a drain, not a loop: scrape /metrics then, not /healthz).
     """
-    database_url = _require_url(ctx, url, relay=True)
+    database_url = _require_url(ctx, url)
     if metrics_port is not None and not prometheus_available():
         raise click.UsageError(f"--metrics-port: {PROMETHEUS_MISSING}", ctx)
     if not publisher:
@@ -1104,15 +1104,14 @@ def demo(keep: bool) -> int:
 # --- shared ------------------------------------------------------------------------------------
 
 
-def _require_url(ctx: click.Context, url: str | None, *, relay: bool = False) -> URL:
-    """The --url, checked before anything connects (see :mod:`sqla_outbox.preflight`); with
-    ``relay``, also refused on a database relays cannot run on yet (MySQL, MariaDB)."""
+def _require_url(ctx: click.Context, url: str | None) -> URL:
+    """The --url, checked before anything connects (see :mod:`sqla_outbox.preflight`)."""
     if not url:
         raise click.UsageError(
             f"Missing option '--url'. Pass --url {URL_EXAMPLE}, or set {_env('URL')}.", ctx
         )
     try:
-        parsed = database_url(url, **_url_source(ctx), relay=relay)
+        parsed = database_url(url, **_url_source(ctx))
     except ConfigurationError as error:
         raise click.UsageError(str(error), ctx) from error
     _refuse_missing_sqlite_file(parsed)

@@ -9,11 +9,7 @@ What is checked, and when:
 * **The URL** (:func:`database_url`), before any driver is imported or any connection is
   opened: it parses (a port that is not a number, an ``@`` in a password not written ``%40``);
   it names PostgreSQL, SQLite, MySQL or MariaDB (the dialect is the URL's scheme, so any other
-  is refused before its driver is imported); SQLAlchemy knows its driver. For a relay
-  (``relay=True``) MySQL and MariaDB are refused here with their own sentence: ``enqueue``, the
-  Alembic operations, ``status``, ``purge`` and the dead-letter operations support them, the
-  relay does not yet, as its store there, a different claim protocol (no ``UPDATE ...
-  RETURNING``), is still to come.
+  is refused before its driver is imported); SQLAlchemy knows its driver.
 * **The driver** (:func:`engine_from_url`): its module is installed.
 * **The bind** given to a relay (:func:`relay_bind`) or to an operator function
   (:func:`operator_engine`): an ``Engine`` of a supported database, or a URL as above.
@@ -51,7 +47,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import ArgumentError
 
-from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError
 from sqla_outbox.queries import outbox_table
@@ -60,7 +55,6 @@ from sqla_outbox.versions import SCHEMA_VERSION, inspected_version
 
 __all__ = [
     "BIND_FIX",
-    "RELAY_DATABASES",
     "RELAY_PRIVILEGES",
     "STATUS_PRIVILEGES",
     "SUPPORTED_DATABASES",
@@ -75,14 +69,10 @@ __all__ = [
 
 _EXAMPLE = "postgresql+psycopg://user:password@host/dbname"
 _MYSQL_EXAMPLE = "mysql+pymysql://user:password@host/dbname"
-RELAY_DATABASES = (
-    f"PostgreSQL (through psycopg 3, e.g. {_EXAMPLE}, or another SQLAlchemy driver) and "
-    "SQLite (e.g. sqlite:///path/to/app.db)"
-)
 SUPPORTED_DATABASES = (
     f"PostgreSQL (through psycopg 3, e.g. {_EXAMPLE}, or another SQLAlchemy driver), "
     f"SQLite (e.g. sqlite:///path/to/app.db) and MySQL/MariaDB (through PyMySQL, e.g. "
-    f"{_MYSQL_EXAMPLE}; not yet for relays)"
+    f"{_MYSQL_EXAMPLE})"
 )
 BIND_FIX = f"Pass an Engine or a URL such as {_EXAMPLE} or sqlite:///path/to/app.db."
 
@@ -93,9 +83,6 @@ RELAY_PRIVILEGES = ("SELECT", "UPDATE")
 STATUS_PRIVILEGES = ("SELECT",)
 
 _BACKENDS = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL", "mariadb": "MariaDB"}
-# Where the relay cannot run yet (its claim protocol there is still to come): refused for relays
-# only; staging, status, purge and the dead-letter operations work.
-_NO_RELAY_YET = MYSQL_DIALECTS
 # The driver of the same library that runs without asyncio, by (backend, async driver).
 _SYNC_TWINS = {("postgresql", "psycopg"): "postgresql+psycopg", ("sqlite", "aiosqlite"): "sqlite"}
 # What to suggest instead of a driver sqla-outbox cannot use: one that is always installed (on
@@ -112,15 +99,12 @@ _MAX_PORT = 65535
 # --- URLs and binds ----------------------------------------------------------------------------
 
 
-def database_url(
-    url: str | URL, *, source: str = "bind", fix: str = BIND_FIX, relay: bool = False
-) -> URL:
+def database_url(url: str | URL, *, source: str = "bind", fix: str = BIND_FIX) -> URL:
     """``url`` parsed and checked without importing a driver or connecting (see module docs).
 
     ``source`` is how the caller's user supplied the URL (``"bind"``, ``"--url"``) and starts
-    every message; ``fix`` ends the messages that have no more specific fix; ``relay`` says the
-    URL is for a relay, which refuses the databases it cannot run on yet. An async driver with a
-    synchronous twin comes back as the twin's URL.
+    every message; ``fix`` ends the messages that have no more specific fix. An async driver
+    with a synchronous twin comes back as the twin's URL.
     """
     what = f"{source} {hide_password(url)!r}"
     try:
@@ -149,8 +133,6 @@ def database_url(
         )
     if backend not in _BACKENDS:
         raise ConfigurationError(_unsupported(what, backend))
-    if relay and backend in _NO_RELAY_YET:
-        raise ConfigurationError(_no_relay_yet(what, backend))
     try:
         dialect = parsed.get_dialect()
     except ArgumentError as error:  # NoSuchModuleError: no such driver for this dialect
@@ -205,26 +187,24 @@ def relay_bind(bind: object) -> Engine | URL:
     """What a relay given ``bind`` should use: a supported ``Engine`` as it is, or a checked URL.
 
     An ``AsyncEngine`` (or an ``Engine`` whose driver is asyncio-only) becomes the URL of its
-    synchronous twin, or is refused (see module docs); so is a database relays cannot run on yet.
+    synchronous twin, or is refused (see module docs).
     """
-    return _resolve_bind(bind, relay=True)
+    return _resolve_bind(bind)
 
 
-def _resolve_bind(bind: object, *, relay: bool) -> Engine | URL:
+def _resolve_bind(bind: object) -> Engine | URL:
     # An AsyncEngine exists only if SQLAlchemy's asyncio extension was imported: look for it
     # there, so that plain-sync users never import it (nor greenlet) through us.
     asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
     if asyncio_ext is not None and isinstance(bind, asyncio_ext.AsyncEngine):
-        return database_url(bind.url, source="bind (an AsyncEngine)", relay=relay)
+        return database_url(bind.url, source="bind (an AsyncEngine)")
     if isinstance(bind, Engine):
-        check_dialect(bind, relay=relay)
+        check_dialect(bind)
         if bind.dialect.is_async:
-            return database_url(
-                bind.url, source="bind (an Engine with an asyncio driver)", relay=relay
-            )
+            return database_url(bind.url, source="bind (an Engine with an asyncio driver)")
         return bind
     if isinstance(bind, (str, URL)):
-        return database_url(bind, relay=relay)
+        return database_url(bind)
     raise ConfigurationError(
         f"bind must be an Engine or a database URL such as {_EXAMPLE}, got {bind!r}."
     )
@@ -233,9 +213,8 @@ def _resolve_bind(bind: object, *, relay: bool) -> Engine | URL:
 @contextmanager
 def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
     """``bind`` as an engine for a one-off operator call (``purge``, the dead-letter functions):
-    the caller's own, or one made for a URL and disposed afterwards. Unlike :func:`relay_bind`
-    it takes every supported database, MySQL and MariaDB included."""
-    resolved = _resolve_bind(bind, relay=False)
+    the caller's own, or one made for a URL and disposed afterwards."""
+    resolved = _resolve_bind(bind)
     if isinstance(resolved, Engine):
         yield resolved
         return
@@ -246,30 +225,18 @@ def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
         engine.dispose()
 
 
-def check_dialect(engine: Engine, *, relay: bool = True) -> None:
-    """Raise :class:`ConfigurationError` unless ``engine`` is on a supported database; with
-    ``relay`` (the default), also on MySQL or MariaDB, where relays cannot run yet."""
+def check_dialect(engine: Engine) -> None:
+    """Raise :class:`ConfigurationError` unless ``engine`` is on a supported database."""
     name = engine.dialect.name
     what = f"bind {hide_password(engine.url)!r}"
     if name not in _BACKENDS:
         raise ConfigurationError(_unsupported(what, name))
-    if relay and name in _NO_RELAY_YET:
-        raise ConfigurationError(_no_relay_yet(what, name))
 
 
 def _unsupported(what: str, backend: str) -> str:
     return (
         f"{what} is for {backend!r}, which sqla-outbox does not support; it supports "
         f"{SUPPORTED_DATABASES}."
-    )
-
-
-def _no_relay_yet(what: str, backend: str) -> str:
-    return (
-        f"{what} is for {backend!r} (MySQL/MariaDB), where sqla-outbox supports staging "
-        "(outbox.enqueue), the outbox table's Alembic operations, status, purge and dead letters, "
-        "but no relay until its relay store for them exists; relays run on "
-        f"{RELAY_DATABASES}."
     )
 
 

@@ -1079,37 +1079,29 @@ def test_operator_statements_use_one_portable_spelling(dialect: str) -> None:
             assert ("RETURNING" in str(change.compile(dialect=compile_for))) is returning
 
 
-# --- what MySQL/MariaDB does not have yet: the relay ---------------------------------------------
-
-NO_RELAY_YET = (
-    "(MySQL/MariaDB), where sqla-outbox supports staging (outbox.enqueue), the outbox table's "
-    "Alembic operations, status, purge and dead letters, but no relay until its relay store for "
-    "them exists; relays run on PostgreSQL"
-)
+# --- the relay (its store: tests/stores runs the whole conformance suite on MariaDB) ----------
 
 
-def test_relay_refuses_mysql_at_start(mariadb_engine: Engine) -> None:
-    """Relay(...) on a MariaDB engine or URL raises ConfigurationError with one sentence saying
-    relays do not run there yet (and what does), before connecting."""
-    url = url_text(mariadb_engine)
-    connects: list[object] = []
-    sa.event.listen(mariadb_engine, "connect", lambda *args: connects.append(args))
-    mariadb_engine.dispose()
-    for bind in (mariadb_engine, url):
-        with pytest.raises(outbox.ConfigurationError) as caught:
-            outbox.Relay(bind, lambda message: None)
-        assert NO_RELAY_YET in str(caught.value)
-        assert "\n" not in str(caught.value)
-    assert connects == []
+def test_a_relay_publishes_what_was_staged_in_order(db: Engine) -> None:
+    """Relay(...) on a MariaDB engine drains what enqueue committed, in claim order, and marks
+    every row published with the database's microseconds."""
+    staged = [enqueue_one(db, f"job{n}") for n in range(5)]
+    published: list[str] = []
+    with outbox.Relay(db, lambda message: published.append(message.job), batch_size=2) as relay:
+        result = relay.drain()
+    assert result.published == 5
+    assert published == [message.job for message in staged]
+    with Session(db) as session:
+        assert session.scalar(sa.select(sa.func.count()).where(T.published_at.is_(None))) == 0
 
 
-def test_cli_relay_refuses_mysql(mariadb_url: URL, capsys: pytest.CaptureFixture[str]) -> None:
-    """`relay` on a MariaDB URL exits 2 with one `Error:` line saying relays do not run on
-    MySQL/MariaDB yet, with no traceback."""
-    url = mariadb_url.render_as_string(hide_password=False)
+def test_cli_relay_once_on_mariadb(db: Engine, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sqla-outbox relay --once` on a MariaDB URL publishes the backlog and exits 0."""
+    staged = [enqueue_one(db, f"job{n}") for n in range(3)]
 
-    code, _, err = run_main(capsys, "relay", "--url", url, "--publisher", "stdout", "--once")
+    code, out, err = run_main(
+        capsys, "relay", "--url", url_text(db), "--publisher", "stdout", "--once"
+    )
 
-    assert code == 2
-    [line] = [line for line in err.splitlines() if line.startswith("Error:")]
-    assert f"is for 'mysql' {NO_RELAY_YET}" in line
+    assert code == 0, err
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [str(m.id) for m in staged]

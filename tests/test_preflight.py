@@ -12,8 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
-import sys
-import types
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +28,6 @@ from sqla_outbox.engines import create_engine
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError, MissingTableError
 
 MakeRole = Callable[..., URL]
-RELAY_DATABASES = "relays run on PostgreSQL (through psycopg 3"
 
 
 @pytest.fixture
@@ -252,52 +249,7 @@ def test_check_passes_with_the_privileges_and_on_sqlite(
         make_relay(engine, lambda message: None).check()
 
 
-# --- databases other than PostgreSQL and SQLite ------------------------------------------------
-
-
-MYSQL_NO_RELAY_YET = (
-    "(MySQL/MariaDB), where sqla-outbox supports staging (outbox.enqueue), the outbox table's "
-    "Alembic operations, status, purge and dead letters, but no relay until its relay store for "
-    "them exists; relays run on PostgreSQL (through psycopg 3"
-)
-
-
-@pytest.mark.parametrize(
-    "url", ["mysql://root@127.0.0.1:3306/test", "mariadb+pymysql://root:hunter2@127.0.0.1/test"]
-)
-def test_relay_refuses_mysql_urls_before_importing_their_driver(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A MySQL or MariaDB URL is refused by the Relay constructor with one sentence saying what
-    sqla-outbox supports there (everything but a relay) and listing the databases relays run on,
-    before any driver is imported (PyMySQL is installed for the MySQL tests; it is unloaded
-    here) or any connection."""
-    monkeypatch.delitem(sys.modules, "pymysql", raising=False)
-    monkeypatch.delitem(sys.modules, "MySQLdb", raising=False)
-    with pytest.raises(ConfigurationError) as caught:
-        outbox.Relay(url, lambda message: None)
-
-    message = str(caught.value)
-    assert f"is for {sa.make_url(url).get_backend_name()!r} {MYSQL_NO_RELAY_YET}" in message
-    assert RELAY_DATABASES in message
-    assert "SQLite" in message
-    assert "hunter2" not in message
-    assert "\n" not in message
-    assert "MySQLdb" not in sys.modules
-    assert "pymysql" not in sys.modules
-
-
-def test_relay_refuses_an_engine_of_another_database() -> None:
-    """An Engine built for MySQL (with a stand-in DBAPI module: nothing connects) is refused by
-    the Relay constructor, saying relays do not run there yet, rather than failing later on SQL
-    syntax."""
-    engine = sa.create_engine(
-        "mysql+pymysql://root@127.0.0.1:3306/test",
-        module=types.SimpleNamespace(paramstyle="format"),
-    )
-    with pytest.raises(ConfigurationError) as caught:
-        outbox.Relay(engine, lambda message: None)
-    assert f"is for 'mysql' {MYSQL_NO_RELAY_YET}" in str(caught.value)
+# --- databases sqla-outbox does not support ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -317,7 +269,7 @@ def test_other_databases_are_refused_naming_every_supported_one(
 ) -> None:
     """A URL for a database sqla-outbox does not support (MSSQL, Oracle) is refused by a relay
     and by the operator functions alike, in one sentence listing PostgreSQL, SQLite and
-    MySQL/MariaDB (saying relays do not run on the last yet), with the password hidden."""
+    MySQL/MariaDB, with the password hidden."""
     with pytest.raises(ConfigurationError) as caught:
         call(url)
 
@@ -329,7 +281,7 @@ def test_other_databases_are_refused_naming_every_supported_one(
     assert "SQLite (e.g. sqlite:///path/to/app.db) and MySQL/MariaDB (through PyMySQL, e.g. " in (
         message
     )
-    assert message.endswith("; not yet for relays).")
+    assert message.endswith("mysql+pymysql://user:password@host/dbname).")
     assert "hunter2" not in message
     assert "\n" not in message
 

@@ -56,7 +56,7 @@ class MySQLStore(SqlStore):
             leave: dict[Any, bool] = {}
             if rows:
                 candidates = {"candidate_ids": [row[0] for row in rows], "now": now}
-                leave = dict(conn.execute(self._plan, candidates).tuples().all())
+                leave = {row[0]: row[1] for row in conn.execute(self._plan, candidates)}
             taken = [row for row in rows if row[0] not in leave][: self._batch_size]
             park = [row_id for row_id, parks in leave.items() if parks]
             if park:
