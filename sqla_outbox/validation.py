@@ -8,11 +8,11 @@ runs here, before anything is staged, and a refused call leaves the session exac
 What is refused (``TypeError`` for a wrong type, ``ValueError`` for a value the table cannot
 hold; both are also :class:`~sqla_outbox.errors.OutboxError`):
 
-* **Text columns** (``job``, ``queue``, ``idempotency_key``, ``tenant_id``, ``enqueued_by``):
-  a ``str`` of 1 to :data:`MAX_TEXT_LENGTH` characters (the columns are ``VARCHAR(255)``, which
-  PostgreSQL and MySQL count in characters; MySQL's table is ``utf8mb4``, so four-byte
-  characters such as emoji are one character there too). ``job`` must also hold more than
-  whitespace.
+* **Text columns** (every ``str`` field of the message but ``traceparent``: ``job``, ``queue``,
+  ``idempotency_key``, ``tenant_id``, ``enqueued_by``, ``ordering_key``): a ``str`` of 1 to
+  :data:`MAX_TEXT_LENGTH` characters (the columns are ``VARCHAR(255)``, which PostgreSQL and
+  MySQL count in characters; MySQL's table is ``utf8mb4``, so four-byte characters such as
+  emoji are one character there too). ``job`` must also hold more than whitespace.
 * **Every string**, in those columns and anywhere in ``input`` (keys and values): no NUL
   (``'\\x00'``), which PostgreSQL stores in neither ``text`` nor ``jsonb``; and no surrogate code
   point (U+D800 to U+DFFF), which is not Unicode text: UTF-8 cannot encode it, and ``jsonb``
@@ -115,7 +115,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 """Attempts a consumer should give a job before giving up, unless the job or call says otherwise."""
 
 MAX_TEXT_LENGTH = 255
-"""Characters in ``job``, ``queue``, ``idempotency_key``, ``tenant_id``, ``enqueued_by``."""
+"""Characters in every ``str`` field but ``traceparent`` (``job``, ``queue``, ``idempotency_key``,
+``tenant_id``, ``enqueued_by``, ``ordering_key``): their columns are ``VARCHAR(255)``."""
 
 TRACEPARENT_LENGTH = 55
 """Characters in a ``traceparent`` (the column's length, and version 00's exact length)."""

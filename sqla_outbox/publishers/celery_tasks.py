@@ -18,10 +18,12 @@ What a message becomes
     * ``eta``: ``run_at`` when it is still in the future by the relay's clock. The relay never
       publishes a row before its ``run_at`` by the database's clock; the ``eta`` keeps a worker
       whose clock is behind from running it early.
-    * headers (``self.request.<name>`` in a bound task, and ``self.request.headers``):
-      ``traceparent``, ``tenant_id``, ``enqueued_by``, ``idempotency_key``, ``outbox_id``,
-      ``outbox_queue``, ``max_attempts``, ``run_at`` and ``staged_at`` (ISO 8601). None of them
-      is a name Celery's protocol uses, so none overrides Celery's own.
+    * headers (``self.request.<name>`` in a bound task, and ``self.request.headers``): every
+      field but ``job``, ``input`` and ``ordering_key`` (not sent), as
+      :meth:`~sqla_outbox.OutboxMessage.to_dict` names and spells it, with ``id`` and ``queue``
+      renamed: ``outbox_id``, ``outbox_queue``, ``idempotency_key``, ``max_attempts``,
+      ``run_at`` and ``staged_at`` (ISO 8601), ``tenant_id``, ``traceparent``, ``enqueued_by``.
+      None of them is a name Celery's protocol uses, so none overrides Celery's own.
 
 Guarantees
     * Confirmed before marked. ``send_task`` returns after the transport handed the message to
@@ -95,7 +97,7 @@ from sqla_outbox.errors import (
     PublisherError,
     PublishError,
 )
-from sqla_outbox.message import OutboxMessage
+from sqla_outbox.message import OutboxMessage, wire_fields
 from sqla_outbox.publishers.loader import import_module, resolve_attribute
 from sqla_outbox.publishers.outages import causes, redis_unavailable
 from sqla_outbox.publishers.urls import checked_options, hide_password, require_client
@@ -113,6 +115,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     find_app = None
 
 __all__ = [
+    "CARRIED_ELSEWHERE",
     "DEFAULT_CONFIRM_TIMEOUT",
     "DEFAULT_RETRY_POLICY",
     "DEFAULT_SOCKET_TIMEOUT",
@@ -267,24 +270,40 @@ def task_arguments(input: Any) -> tuple[list[Any], dict[str, Any]]:
     return [input], {}
 
 
+CARRIED_ELSEWHERE = MappingProxyType(
+    {
+        "job": "the task name",
+        "input": "the task's arguments",
+        # Celery routes by queue, not by a key, and runs tasks in the workers' order anyway; an
+        # ordering key travels where the broker has a use for it (docs/brokers/writing.md).
+        "ordering_key": "not sent",
+    }
+)
+"""The fields that travel outside the headers, and where; every other field is a header.
+
+``idempotency_key`` is also the task id, and ``run_at`` the ``eta`` while it is in the future."""
+
+# Renamed so as not to be read as Celery's own: ``id`` is the task id in Celery's protocol, and
+# the Celery queue may differ from the outbox's (``queue_map``).
+_RENAMED = {"id": "outbox_id", "queue": "outbox_queue"}
+_HEADERS = wire_fields(
+    lambda name: _RENAMED.get(name, name), text=False, elsewhere=CARRIED_ELSEWHERE
+)
+
+
 def task_headers(message: OutboxMessage) -> dict[str, Any]:
-    """The headers a task sees as ``self.request.<name>``: trace context, who, and the row's fields.
+    """The headers a task sees as ``self.request.<name>``: each field under its own name
+    (``outbox_id`` and ``outbox_queue`` for ``id`` and ``queue``), as ``to_dict`` spells it.
 
     Every key is always present (``None`` when unset), so a task can read
     ``self.request.tenant_id`` without ``getattr``. ``traceparent`` is where OpenTelemetry's
     Celery instrumentation looks for the parent span.
     """
-    return {
-        "traceparent": message.traceparent,
-        "tenant_id": message.tenant_id,
-        "enqueued_by": message.enqueued_by,
-        "idempotency_key": message.idempotency_key,
-        "outbox_id": str(message.id),
-        "outbox_queue": message.queue,
-        "max_attempts": message.max_attempts,
-        "run_at": message.run_at.isoformat(),
-        "staged_at": message.staged_at.isoformat(),
-    }
+    headers: dict[str, Any] = {}
+    for name, position, spell, _optional in _HEADERS:
+        value = message[position]
+        headers[name] = value if spell is None or value is None else spell(value)
+    return headers
 
 
 def describe(error: BaseException) -> str:

@@ -8,10 +8,11 @@ What the endpoint receives
     ``POST`` with the whole message as a UTF-8 JSON object,
     :meth:`~sqla_outbox.OutboxMessage.to_dict` (``id``, ``job``, ``queue``, ``input``,
     ``idempotency_key``, ``max_attempts``, ``run_at``, ``staged_at``, ``tenant_id``,
-    ``traceparent``, ``enqueued_by``), and the headers ``Content-Type: application/json``,
-    ``Idempotency-Key`` (the message's idempotency key), ``traceparent`` (W3C trace context,
-    when the message has one), ``User-Agent: sqla-outbox/<version>``, ``X-Outbox-Id`` and
-    ``X-Outbox-Job``; with a secret configured also ``X-Outbox-Timestamp`` and
+    ``traceparent``, ``enqueued_by``, ``ordering_key``), and the headers
+    ``Content-Type: application/json``, ``Idempotency-Key`` (the message's idempotency key),
+    ``traceparent`` (W3C trace context, when the message has one),
+    ``User-Agent: sqla-outbox/<version>``, ``X-Outbox-Id`` and ``X-Outbox-Job``; with a secret
+    configured also ``X-Outbox-Timestamp`` and
     ``X-Outbox-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + body)>``; with
     ``authorization_env`` also ``Authorization``.
 
@@ -82,10 +83,11 @@ import ssl
 import threading
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from sqla_outbox.errors import BrokerError, BrokerUnavailableError, PublisherError
-from sqla_outbox.message import OutboxMessage, compact_json
+from sqla_outbox.message import OutboxMessage, compact_json, spelled, wire_fields
 from sqla_outbox.publishers.urls import (
     hide_password,
     positive_seconds,
@@ -100,6 +102,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra insta
     httpx = None  # type: ignore[assignment]
 
 __all__ = [
+    "CARRIED_ELSEWHERE",
     "DEFAULT_TIMEOUT",
     "OPTIONS",
     "OUTAGE_STATUSES",
@@ -109,6 +112,7 @@ __all__ = [
     "WebhookPublisher",
     "WebhookUnavailableError",
     "from_url",
+    "message_headers",
     "signature",
 ]
 
@@ -138,15 +142,39 @@ is down or deploying.
 _SNIPPET = 200  # characters of a failed response's body kept in the error
 _MAX_ERROR_URL = 200
 
+CARRIED_ELSEWHERE: Mapping[str, str] = MappingProxyType({})
+"""None: the body is the whole message, :meth:`~sqla_outbox.OutboxMessage.to_dict` as JSON."""
+
+# Four fields are also headers, so an endpoint can deduplicate, route and trace a request before
+# it parses the body: ``X-Outbox-`` and the field's words capitalised, but for the two with
+# names of their own, the Idempotency-Key header (IETF draft) and the W3C traceparent.
+_HEADER_FIELDS = frozenset({"id", "job", "idempotency_key", "traceparent"})
+_OWN_NAMES = {"idempotency_key": "Idempotency-Key", "traceparent": "traceparent"}
+
+
+def _header_name(field: str) -> str:
+    words = (word.capitalize() for word in field.split("_"))
+    return _OWN_NAMES.get(field) or "X-Outbox-" + "-".join(words)
+
+
+_HEADERS = wire_fields(
+    _header_name, text=True, elsewhere=set(OutboxMessage._fields) - _HEADER_FIELDS
+)
+
+
+def message_headers(message: OutboxMessage) -> dict[str, str]:
+    """The headers that describe ``message`` (see the module docs), before any signature."""
+    headers: dict[str, str] = spelled(message, _HEADERS)
+    headers["Content-Type"] = "application/json"
+    return headers
+
+
 # Headers this module sets itself; a caller's ``headers`` may not replace them, since each one
 # carries a guarantee (the dedup key, the trace, the signature over exactly this body).
 _OWN_HEADERS = frozenset(
     {
         "content-type",
-        "idempotency-key",
-        "traceparent",
-        "x-outbox-id",
-        "x-outbox-job",
+        *(name.lower() for name, *_ in _HEADERS),
         SIGNATURE_HEADER.lower(),
         TIMESTAMP_HEADER.lower(),
     }
@@ -283,14 +311,7 @@ class WebhookPublisher:
     def publish(self, message: OutboxMessage) -> None:
         """POST ``message``; return on a 2xx answer, raise :class:`WebhookError` otherwise."""
         body = compact_json(message.to_dict()).encode()
-        headers = {
-            "Content-Type": "application/json",
-            "Idempotency-Key": message.idempotency_key,
-            "X-Outbox-Id": str(message.id),
-            "X-Outbox-Job": message.job,
-        }
-        if message.traceparent:
-            headers["traceparent"] = message.traceparent
+        headers = message_headers(message)
         if self._secret is not None:
             timestamp = str(int(time.time()))
             headers[TIMESTAMP_HEADER] = timestamp

@@ -17,11 +17,12 @@ What it writes
     default just ``{queue}``). Key: ``ordering_key`` as UTF-8, or no key (the partition is then
     the client's choice, and Kafka keeps no order between messages of different partitions).
     Value: the message's ``input`` as compact UTF-8 JSON. Headers (UTF-8 strings; absent when
-    the field is ``None``): ``idempotency-key`` (what consumers deduplicate on),
-    ``content-type`` (``application/json``), ``id``, ``job``, ``queue``, ``max-attempts``,
-    ``run-at`` and ``staged-at`` (ISO 8601 with offset), ``tenant-id``, ``enqueued-by``, and the
-    W3C ``traceparent``. Keys are hashed with ``murmur2`` like the Java client's, so a Java and
-    a Python producer put one key in the same partition.
+    the field is ``None``): ``content-type`` (``application/json``), and every other field under
+    its name with dashes for underscores: ``id``, ``job``, ``queue``, ``idempotency-key`` (what
+    consumers deduplicate on), ``max-attempts``, ``run-at`` and ``staged-at`` (ISO 8601 with
+    offset), ``tenant-id``, the W3C ``traceparent`` and ``enqueued-by``. Keys are hashed with
+    ``murmur2`` like the Java client's, so a Java and a Python producer put one key in the same
+    partition.
 
 What it does not do
     It does not deduplicate across passes: delivery is at least once (a relay killed between the
@@ -83,12 +84,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, cast
 from urllib.parse import SplitResult, unquote
 
 from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
-from sqla_outbox.message import OutboxMessage, compact_json
+from sqla_outbox.message import OutboxMessage, compact_json, wire_fields
 from sqla_outbox.publishers.urls import (
     parse_seconds,
     positive_seconds,
@@ -106,6 +108,7 @@ else:
     _CLIENT_INSTALLED = True
 
 __all__ = [
+    "CARRIED_ELSEWHERE",
     "DEFAULT_DELIVERY_TIMEOUT",
     "DEFAULT_PORT",
     "FIXED_SETTINGS",
@@ -246,31 +249,30 @@ def _require_client() -> None:
     require_client(_CLIENT_INSTALLED, "The Kafka publisher", "kafka")
 
 
+CARRIED_ELSEWHERE = MappingProxyType(
+    {"input": "the record's value", "ordering_key": "the record's key"}
+)
+"""The fields that travel outside the headers, and where; every other field is a header."""
+
+# The header of each field: its name with dashes for underscores (``idempotency-key``), its
+# text spelling in UTF-8.
+_HEADERS = wire_fields(lambda name: name.replace("_", "-"), text=True, elsewhere=CARRIED_ELSEWHERE)
+_CONTENT_TYPE = ("content-type", b"application/json")
+
+
 def record_headers(message: OutboxMessage) -> list[tuple[str, bytes]]:
     """The Kafka headers of ``message``'s record (see the module docs), UTF-8 encoded.
 
-    Fields that are ``None`` are left out rather than sent empty, so a consumer can tell "no
-    tenant" from a tenant named ``""``. Raises ``UnicodeEncodeError`` for text that is not
+    Optional fields that are ``None`` are left out rather than sent empty, so a consumer can
+    tell "no tenant" from a tenant named ``""``. Raises ``UnicodeEncodeError`` for text that is not
     valid Unicode (a lone surrogate), which the publisher reports as a message failure.
     """
-    headers = [
-        ("idempotency-key", message.idempotency_key.encode()),
-        ("content-type", b"application/json"),
-        ("id", str(message.id).encode()),
-        ("job", message.job.encode()),
-        ("queue", message.queue.encode()),
-        ("max-attempts", str(message.max_attempts).encode()),
-        ("run-at", message.run_at.isoformat().encode()),
-        ("staged-at", message.staged_at.isoformat().encode()),
-    ]
-    # Built as a list in one go: a record's headers are built for every message of a pass.
-    for name, value in (
-        ("tenant-id", message.tenant_id),
-        ("enqueued-by", message.enqueued_by),
-        ("traceparent", message.traceparent),
-    ):
-        if value is not None:
-            headers.append((name, value.encode()))
+    headers = [_CONTENT_TYPE]
+    for name, position, spell, optional in _HEADERS:
+        value: Any = message[position]
+        if value is None and optional:
+            continue
+        headers.append((name, (value if spell is None else spell(value)).encode()))
     return headers
 
 

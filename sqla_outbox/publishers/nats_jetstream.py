@@ -16,10 +16,11 @@ What it writes
     Subject: the queue name, behind ``subject_prefix`` if one is set (``jobs.`` + ``emails``).
     Payload: the message's ``input`` as UTF-8 JSON, nothing else, so a consumer decodes the job's
     arguments directly. Everything else travels in headers (absent when ``None``):
-    ``Nats-Msg-Id`` (the idempotency key), ``Content-Type: application/json``, ``Outbox-Id``,
-    ``Outbox-Job``, ``Outbox-Queue``, ``Outbox-Max-Attempts``, ``Outbox-Run-At`` and
-    ``Outbox-Staged-At`` (ISO 8601), ``Outbox-Tenant-Id``, ``Outbox-Enqueued-By``, and the W3C
-    ``traceparent``.
+    ``Content-Type: application/json``, and each field as ``Outbox-`` and its words capitalised
+    (``Outbox-Id``, ``Outbox-Job``, ``Outbox-Queue``, ``Outbox-Max-Attempts``, ``Outbox-Run-At``
+    and ``Outbox-Staged-At`` in ISO 8601, ``Outbox-Tenant-Id``, ``Outbox-Enqueued-By``), but for
+    two with names of their own: ``Nats-Msg-Id`` (the idempotency key) and the W3C
+    ``traceparent``. ``ordering_key`` is not sent.
 
 What it does not do
     It never creates or changes streams: the stream, its subjects, retention, replicas and
@@ -71,12 +72,13 @@ import re
 import ssl
 import threading
 from collections.abc import Coroutine, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import urlunsplit
 
 from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
-from sqla_outbox.message import OutboxMessage, compact_json
+from sqla_outbox.message import OutboxMessage, compact_json, spelled, wire_fields
 from sqla_outbox.publishers.urls import (
     hide_password,
     parse_seconds,
@@ -99,6 +101,7 @@ else:
     _CLIENT_INSTALLED = True
 
 __all__ = [
+    "CARRIED_ELSEWHERE",
     "DEFAULT_TIMEOUT",
     "NatsJetStreamPublisher",
     "NatsUnavailableError",
@@ -128,24 +131,35 @@ def _require_client() -> None:
     require_client(_CLIENT_INSTALLED, "The NATS JetStream publisher", "nats")
 
 
+CARRIED_ELSEWHERE = MappingProxyType(
+    {
+        "input": "the payload",
+        # A stream keeps one order and has no partition key to route by, and an ordering key
+        # travels where the broker has a use for it (docs/brokers/writing.md).
+        "ordering_key": "not sent",
+    }
+)
+"""The fields that travel outside the headers, and where; every other field is a header."""
+
+# Names of their own: JetStream deduplicates on Nats-Msg-Id, and OpenTelemetry's propagators
+# read the W3C header under its own name.
+_OWN_NAMES = {"idempotency_key": "Nats-Msg-Id", "traceparent": "traceparent"}
+
+
+def _header_name(field: str) -> str:
+    """``Outbox-`` and the field's words capitalised (``Outbox-Tenant-Id``), or its own name."""
+    return _OWN_NAMES.get(field) or "Outbox-" + "-".join(
+        word.capitalize() for word in field.split("_")
+    )
+
+
+_HEADERS = wire_fields(_header_name, text=True, elsewhere=CARRIED_ELSEWHERE)
+
+
 def message_headers(message: OutboxMessage) -> dict[str, str]:
     """The NATS headers sent with ``message`` (see the module docs); ``None`` values left out."""
-    headers = {
-        "Nats-Msg-Id": message.idempotency_key,
-        "Content-Type": "application/json",
-        "Outbox-Id": str(message.id),
-        "Outbox-Job": message.job,
-        "Outbox-Queue": message.queue,
-        "Outbox-Max-Attempts": str(message.max_attempts),
-        "Outbox-Run-At": message.run_at.isoformat(),
-        "Outbox-Staged-At": message.staged_at.isoformat(),
-    }
-    optional = {
-        "Outbox-Tenant-Id": message.tenant_id,
-        "Outbox-Enqueued-By": message.enqueued_by,
-        "traceparent": message.traceparent,
-    }
-    headers.update({name: value for name, value in optional.items() if value is not None})
+    headers: dict[str, str] = spelled(message, _HEADERS)
+    headers["Content-Type"] = "application/json"
     return headers
 
 

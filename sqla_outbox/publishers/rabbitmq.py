@@ -23,11 +23,12 @@ What a consumer receives
     The body is the job's ``input`` as UTF-8 JSON (``content_type="application/json"``), so a
     consumer reads its arguments with ``json.loads(body)``. The envelope travels in AMQP
     properties: ``message_id`` is the idempotency key, ``type`` the job name, ``timestamp`` the
-    staging time (whole seconds), ``app_id`` ``"sqla-outbox"``; ``headers`` hold every other field
-    of :meth:`~sqla_outbox.OutboxMessage.to_dict` (``id``, ``job``, ``queue``, ``idempotency_key``,
-    ``max_attempts``, ``run_at``, ``staged_at``, and ``tenant_id``, ``traceparent``,
-    ``enqueued_by`` when set), so ``{**properties.headers, "input": json.loads(body)}`` is the
-    message as staged. ``traceparent`` is the W3C header OpenTelemetry's AMQP propagators read.
+    staging time (whole seconds), ``app_id`` ``"sqla-outbox"``; ``headers`` hold every field but
+    ``input`` as :meth:`~sqla_outbox.OutboxMessage.to_dict` names and spells it (``id``, ``job``,
+    ``queue``, ``idempotency_key``, ``max_attempts``, ``run_at``, ``staged_at``, and
+    ``tenant_id``, ``traceparent``, ``enqueued_by``, ``ordering_key`` when set), so
+    ``{**properties.headers, "input": json.loads(body)}`` is the message as staged.
+    ``traceparent`` is the W3C header OpenTelemetry's AMQP propagators read.
 
 What it does not do
     It does not declare queues, exchanges or bindings: topology belongs to the consumers, and a
@@ -75,12 +76,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from sqla_outbox.errors import BrokerError, BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
-from sqla_outbox.message import OutboxMessage, compact_json
+from sqla_outbox.message import OutboxMessage, compact_json, spelled, wire_fields
 from sqla_outbox.publishers.urls import hide_password, require_client, split_options, split_url
 
 try:
@@ -90,6 +92,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra insta
     pika = None
 
 __all__ = [
+    "CARRIED_ELSEWHERE",
     "DEFAULT_BLOCKED_CONNECTION_TIMEOUT",
     "DEFAULT_URL",
     "RabbitMQError",
@@ -114,6 +117,17 @@ APP_ID = "sqla-outbox"
 """The ``app_id`` property of every message, so a consumer can tell who produced it."""
 
 _OWN_OPTIONS = frozenset({"exchange"})
+
+CARRIED_ELSEWHERE = MappingProxyType({"input": "the body"})
+"""The fields that travel outside the headers, and where; every other field is a header.
+
+Three are also in properties, where AMQP tools look for them: ``message_id`` is the idempotency
+key, ``type`` the job, ``timestamp`` the staging time in whole seconds."""
+
+# Each field under its own name, as to_dict() spells it (max_attempts an AMQP integer). None
+# values are left out rather than sent as AMQP "void": some client libraries cannot decode void
+# table values.
+_HEADERS = wire_fields(lambda name: name, text=False, elsewhere=CARRIED_ELSEWHERE)
 
 if pika is not None:
     # The connection, not the message: lost, closed by the broker, or a channel that is gone
@@ -369,8 +383,6 @@ def _body(message: OutboxMessage) -> bytes:
 
 
 def _properties(message: OutboxMessage) -> Any:
-    fields = message.to_dict()
-    del fields["input"]
     return pika.BasicProperties(
         content_type="application/json",
         delivery_mode=pika.DeliveryMode.Persistent,
@@ -378,9 +390,7 @@ def _properties(message: OutboxMessage) -> Any:
         type=message.job,
         timestamp=int(message.staged_at.timestamp()),
         app_id=APP_ID,
-        # None-valued fields are left out rather than sent as AMQP "void": some client
-        # libraries cannot decode void table values.
-        headers={key: value for key, value in fields.items() if value is not None},
+        headers=spelled(message, _HEADERS),
     )
 
 

@@ -12,11 +12,12 @@ What it guarantees
 What it writes
     To the stream named by the ``stream`` pattern (``{queue}`` is replaced by the message's
     queue; the default pattern is just ``{queue}``), with the entry id chosen by Redis (``*``),
-    one field per message attribute, every value a string: ``id``, ``job``, ``queue``,
-    ``input`` (JSON), ``idempotency_key``, ``max_attempts`` (decimal), ``run_at`` and
-    ``staged_at`` (ISO 8601 with offset), and ``tenant_id``, ``traceparent``, ``enqueued_by``
-    *only when set*: a Redis field cannot hold "no value", and an empty string would be
-    indistinguishable from a real empty tenant, so an absent field means ``None``.
+    one field per message field under the field's own name, every value a string: ``id``,
+    ``job``, ``queue``, ``input`` (JSON), ``idempotency_key``, ``max_attempts`` (decimal),
+    ``run_at`` and ``staged_at`` (ISO 8601 with offset), and ``tenant_id``, ``traceparent``,
+    ``enqueued_by``, ``ordering_key`` *only when set*: a Redis field cannot hold "no value", and
+    an empty string would be indistinguishable from a real empty tenant, so an absent field
+    means ``None``.
 
 What it does not do
     It does not deduplicate. Delivery is at least once (a relay killed between the ``XADD``
@@ -53,12 +54,13 @@ The trap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlunsplit
 
 from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
-from sqla_outbox.message import OutboxMessage, compact_json
+from sqla_outbox.message import OutboxMessage, spelled, wire_fields
 from sqla_outbox.publishers.outages import redis_unavailable
 from sqla_outbox.publishers.urls import (
     check_scheme,
@@ -82,6 +84,7 @@ else:
     _CLIENT_INSTALLED = True
 
 __all__ = [
+    "CARRIED_ELSEWHERE",
     "DEFAULT_SOCKET_TIMEOUT",
     "RedisStreamsPublisher",
     "RedisUnavailableError",
@@ -115,16 +118,20 @@ def _require_client() -> None:
     require_client(_CLIENT_INSTALLED, "The Redis Streams publisher", "redis")
 
 
-def entry_fields(message: OutboxMessage) -> dict[str, str]:
-    """The stream entry written for ``message``: one string field per attribute.
+CARRIED_ELSEWHERE: Mapping[str, str] = MappingProxyType({})
+"""None: a stream entry is only fields, so every field is one, ``input`` included (as JSON)."""
 
-    ``tenant_id``, ``traceparent`` and ``enqueued_by`` are left out when they are ``None`` (see
-    the module docs); everything else is always present.
+_FIELDS = wire_fields(lambda name: name, text=True, elsewhere=CARRIED_ELSEWHERE)
+
+
+def entry_fields(message: OutboxMessage) -> dict[str, str]:
+    """The stream entry written for ``message``: one string field per message field, under the
+    field's own name.
+
+    A field that is ``None`` is left out (see the module docs); the others are always present.
     """
-    fields = message.to_dict()
-    fields["input"] = compact_json(message.input)
-    fields["max_attempts"] = str(message.max_attempts)
-    return {name: value for name, value in fields.items() if value is not None}
+    fields: dict[str, str] = spelled(message, _FIELDS)
+    return fields
 
 
 class RedisStreamsPublisher:
