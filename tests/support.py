@@ -268,3 +268,10 @@ def without_client(client: str, module: str, *calls: str) -> subprocess.Complete
         lines += ["try:", f"    {call}", "except PublisherError as error:", "    print(error)"]
     command = [sys.executable, "-c", "\n".join(lines)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+
+
+def recorded_ids(record: Path) -> list[uuid.UUID]:
+    """The ids a recording publisher appended to ``record``, one per line, up to its last
+    complete line: a relay killed with SIGKILL may leave the last one half-written."""
+    text = record.read_text(encoding="utf-8") if record.exists() else ""
+    return [uuid.UUID(line) for line in text[: text.rfind("\n") + 1].split()]

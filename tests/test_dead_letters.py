@@ -18,8 +18,8 @@ from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select, update
-from support import MakeRelay, row, run_cli, stage_inputs, url_of
+from sqlalchemy import Engine, select
+from support import MakeRelay, expire_backoffs, row, run_cli, stage_inputs, url_of
 
 import sqla_outbox as outbox
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, MissingTableError
@@ -62,17 +62,6 @@ class DeadSetup:
         while published := self.relay.tick():
             total += published
         return total
-
-
-def expire_backoffs(engine: Engine) -> None:
-    """Make every row waiting out a retry backoff due now, as if the backoff had passed."""
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
-    with engine.begin() as conn:
-        conn.execute(
-            update(outbox.OutboxRow)
-            .where(outbox.OutboxRow.retry_at.is_not(None))
-            .values(retry_at=past)
-        )
 
 
 def stage_one(engine: Engine, input: dict[str, object], **options: object) -> OutboxMessage:

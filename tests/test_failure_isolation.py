@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, select, update
 from sqlalchemy.orm import Session
-from support import REPO, MakeRelay, cli_env, url_of, wait_until
+from support import REPO, MakeRelay, cli_env, expire_backoffs, recorded_ids, url_of, wait_until
 
 import sqla_outbox as outbox
 from sqla_outbox.message import OutboxMessage
@@ -52,13 +52,6 @@ def rows(engine: Engine) -> dict[str, Any]:
     """Every row by job name, as it is now."""
     with Session(engine) as session:
         return {row.job: row for row in session.scalars(select(Row))}
-
-
-def expire_backoffs(engine: Engine) -> None:
-    """Let every retry backoff end now, as if its time had passed."""
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
-    with engine.begin() as conn:
-        conn.execute(update(Row).where(Row.retry_at.is_not(None)).values(retry_at=past))
 
 
 class Broker:
@@ -410,13 +403,6 @@ def _ids(messages: list[OutboxMessage]) -> list[uuid.UUID]:
 # --- a relay killed mid-batch while another runs -----------------------------------------------
 
 
-def _read_record(path: Any) -> list[uuid.UUID]:
-    if not path.exists():
-        return []
-    # The last line may be half-written at the instant of the kill; only whole lines count.
-    return [uuid.UUID(line) for line in path.read_text("utf-8").split("\n")[:-1] if line]
-
-
 @pytest.mark.parametrize("overlap", [False, True])
 def test_sigkill_with_two_relays_keeps_every_key_in_order(
     pg_engine: Engine, make_relay: MakeRelay, tmp_path: Any, overlap: bool
@@ -452,7 +438,7 @@ def test_sigkill_with_two_relays_keeps_every_key_in_order(
     ) as proc:
         survivor.start()
         try:
-            wait_until(lambda: len(_read_record(record)) >= 15, "both relays to publish")
+            wait_until(lambda: len(recorded_ids(record)) >= 15, "both relays to publish")
         finally:
             proc.kill()
             proc.communicate(timeout=10)
@@ -460,7 +446,7 @@ def test_sigkill_with_two_relays_keeps_every_key_in_order(
     wait_until(lambda: survivor.pending() == 0, "the survivor to finish the dead relay's rows")
     survivor.stop()
 
-    order = _read_record(record)
+    order = recorded_ids(record)
     assert set(order) == {m.id for m in staged}
     first = {}
     for position, message_id in enumerate(order):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
+from support import recorded_ids
 
 import sqla_outbox as outbox
 
@@ -25,14 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 ROWS = 60
 BATCH = 10
 LEASE = 2
-
-
-def read_ids(path: Path) -> list[uuid.UUID]:
-    if not path.exists():
-        return []
-    # The last line may be half-written at the instant of the kill; only whole lines count.
-    text = path.read_text(encoding="utf-8")
-    return [uuid.UUID(line) for line in text.split("\n")[:-1] if line]
 
 
 def wait_for(condition: object, timeout: float, what: str) -> None:
@@ -79,12 +72,12 @@ def test_sigkill_mid_batch_republishes_at_most_one_batch(engine: Engine, tmp_pat
     ) as proc:
         # Past the first batch and into the second, but nowhere near the end.
         try:
-            wait_for(lambda: len(read_ids(record)) >= BATCH + 3, 20, "the relay to publish")
+            wait_for(lambda: len(recorded_ids(record)) >= BATCH + 3, 20, "the relay to publish")
         finally:
             proc.kill()
             _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == -9, stderr.decode()
-    first_life = read_ids(record)
+    first_life = recorded_ids(record)
     assert BATCH < len(first_life) < ROWS
 
     survivor_sent: list[uuid.UUID] = []
@@ -111,7 +104,7 @@ def test_sigkill_mid_batch_republishes_at_most_one_batch(engine: Engine, tmp_pat
             .where(outbox.OutboxRow.published_at.is_(None))
         )
     assert unpublished == 0
-    sent = Counter(read_ids(record) + survivor_sent)
+    sent = Counter(recorded_ids(record) + survivor_sent)
     assert set(sent) == {m.id for m in staged}
     duplicates = [message_id for message_id, count in sent.items() if count > 1]
     assert len(duplicates) <= BATCH

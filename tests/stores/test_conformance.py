@@ -34,6 +34,7 @@ from support import (
     cli_env,
     expire_backoffs,
     logged,
+    recorded_ids,
     row,
     stage_inputs,
     transaction,
@@ -317,12 +318,6 @@ def test_a_stale_claimant_is_fenced_off_and_publishes_nothing_more(
 
 
 # --- 3. SIGKILL mid-batch ----------------------------------------------------------------------
-
-
-def recorded_ids(record: Path) -> list[uuid.UUID]:
-    """The ids in the record file, up to its last complete line (a kill may cut the last)."""
-    text = record.read_text(encoding="utf-8") if record.exists() else ""
-    return [uuid.UUID(line) for line in text[: text.rfind("\n") + 1].split()]
 
 
 def test_a_relay_killed_mid_batch_loses_nothing_and_keeps_order(
