@@ -3,6 +3,9 @@
 The suite creates its own databases (``<db>``, ``<db>_history`` and ``<db>_held`` from ``--url``),
 drops them when it is done (unless ``--keep``), runs the selected workloads and prints one table.
 Progress goes to stderr, the table to stdout. See ``docs/performance.md`` for what each row means.
+
+A ``mysql+pymysql://`` or ``mariadb+pymysql://`` URL runs the MySQL suite instead
+(:mod:`benchmarks.mysql`): the enqueue and drain workloads on that server, one database.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 from benchmarks import (
     brokers,
@@ -25,6 +30,7 @@ from benchmarks import (
     held_back,
     latency,
     memory,
+    mysql,
     observed,
     purge,
 )
@@ -67,9 +73,60 @@ WORKLOADS = (
     Workload("purge", "purge", purge.run),
 )
 
+MYSQL_WORKLOADS = (
+    Workload("enqueue_1", "enqueue", mysql.run_enqueue_single),
+    Workload("enqueue_10", "enqueue", mysql.run_enqueue_batch),
+    Workload("drain", "drain", mysql.run_drain),
+)
+"""The MySQL/MariaDB suite: the PostgreSQL workloads it ports, under the same names."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suite:
+    """What differs between the PostgreSQL suite and the MySQL one."""
+
+    server: str
+    workloads: tuple[Workload, ...]
+    scale: Callable[[bool], Scale]
+    context: type[Context]
+    recreate: Callable[[URL], None]
+    drop: Callable[[URL], None]
+    """Drops every database the suite may have created."""
+    facts: Callable[[URL], dict[str, str]]
+
+
+def _drop_postgresql(url: URL) -> None:
+    drop_database(url)
+    drop_database(claim_history.history_url(url))
+    drop_database(held_back.held_url(url))
+
+
+POSTGRESQL = Suite(
+    server="PostgreSQL",
+    workloads=WORKLOADS,
+    scale=lambda quick: Scale.quick() if quick else Scale.full(),
+    context=Context,
+    recreate=recreate_database,
+    drop=_drop_postgresql,
+    facts=lambda url: server_facts(libpq_conninfo(url.set(database="postgres"))),
+)
+MYSQL = Suite(
+    server="MySQL/MariaDB",
+    workloads=MYSQL_WORKLOADS,
+    scale=mysql.scale,
+    context=mysql.MySQLContext,
+    recreate=mysql.recreate_database,
+    drop=mysql.drop_database,
+    facts=mysql.server_facts,
+)
+
+
+def _names(workloads: Sequence[Workload]) -> set[str]:
+    return {w.name for w in workloads} | {w.module for w in workloads}
+
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    names = sorted({w.name for w in WORKLOADS} | {w.module for w in WORKLOADS})
+    names = sorted(_names(WORKLOADS) | _names(MYSQL_WORKLOADS))
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="sqla-outbox against raw SQL on the same table, interleaved.",
@@ -77,8 +134,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--url",
         default=os.environ.get("SQLA_OUTBOX_BENCH_URL", DEFAULT_URL),
-        help="postgresql+psycopg URL; its database is DROPPED and recreated "
-        "(default: %(default)s, or $SQLA_OUTBOX_BENCH_URL)",
+        help="postgresql+psycopg URL, or mysql+pymysql / mariadb+pymysql for the MySQL suite; "
+        "its database is DROPPED and recreated (default: %(default)s, or $SQLA_OUTBOX_BENCH_URL)",
     )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (under a minute)")
     parser.add_argument(
@@ -94,7 +151,23 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = wanted - set(names)
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(sorted(unknown))}; choose from {names}")
-    args.selected = [w for w in WORKLOADS if not wanted or {w.name, w.module} & wanted]
+    url = sa.make_url(args.url)
+    args.suite = MYSQL if mysql.is_mysql(url) else POSTGRESQL
+    if args.suite is MYSQL and url.get_driver_name() != "pymysql":
+        parser.exit(
+            2,
+            f"{parser.prog}: error: the MySQL suite runs on PyMySQL: use {url.get_backend_name()}+pymysql://\n",
+        )
+    elsewhere = wanted - _names(args.suite.workloads)
+    if elsewhere:
+        parser.exit(
+            2,
+            f"{parser.prog}: error: {', '.join(sorted(elsewhere))} "
+            f"{'runs' if len(elsewhere) == 1 else 'run'} on PostgreSQL only; "
+            f"on {args.suite.server} choose from {', '.join(sorted(_names(args.suite.workloads)))}"
+            "\n",
+        )
+    args.selected = [w for w in args.suite.workloads if not wanted or {w.name, w.module} & wanted]
     return args
 
 
@@ -104,11 +177,12 @@ def _log(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    suite: Suite = args.suite
     url = sa.make_url(args.url)
-    scale = Scale.quick() if args.quick else Scale.full()
-    recreate_database(url)
+    scale = suite.scale(args.quick)
+    suite.recreate(url)
     engine = make_engine(url)
-    ctx = Context(url=url, scale=scale, engine=engine, quick=args.quick, log=_log)
+    ctx = suite.context(url=url, scale=scale, engine=engine, quick=args.quick, log=_log)
     results: list[Result] = []
     load_before = load_average()
     _log(f"{os.cpu_count()} CPUs, load average {load_before}")
@@ -123,24 +197,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         engine.dispose()
         if not args.keep:
-            drop_database(url)
-            drop_database(claim_history.history_url(url))
-            drop_database(held_back.held_url(url))
+            suite.drop(url)
     elapsed = time.perf_counter() - started
     load_after = load_average()
     print()
+    on = "" if suite is POSTGRESQL else f" on {suite.server}"
     print(
-        f"sqla-outbox benchmarks ({'quick' if args.quick else 'full'} run, {elapsed:.0f} s; "
+        f"sqla-outbox benchmarks{on} ({'quick' if args.quick else 'full'} run, {elapsed:.0f} s; "
         f"{os.cpu_count()} CPUs, load average {load_before} before, {load_after} after)"
     )
     print_table(results)
     if args.json:
+        machine: dict[str, Any] = machine_facts() | {"load_average_before": load_before}
+        if suite is MYSQL:
+            import pymysql  # noqa: PLC0415 - only the MySQL suite has it for sure
+
+            machine["pymysql"] = pymysql.__version__
         meta = {
             "mode": "quick" if args.quick else "full",
             "seconds": round(elapsed, 1),
             "scale": asdict(scale),
-            "machine": machine_facts() | {"load_average_before": load_before},
-            "server": server_facts(libpq_conninfo(url.set(database="postgres"))),
+            "machine": machine,
+            "server": suite.facts(url),
         }
         write_json(args.json, results, meta)
         _log(f"wrote {args.json}")

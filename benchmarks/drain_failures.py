@@ -28,9 +28,9 @@ the failed publishes, the write-back of every pass that had one (mark, charge an
 the next claim as a mark alone does), the parked rows skipped and then unparked by their
 holder's mark, and the passes the retries add. The row versions each arm wrote are reported
 too: the failing arm's extra writes (charges, parking and unparking, the retried rows' second
-claim and mark) are work no implementation of the same isolation avoids, and bound the ratio. The poll interval is small for
-the same reason: between the last claims the relay may find nothing due and wait for the
-backoff of the last failed rows, not for a poll.
+claim and mark) are work no implementation of the same isolation avoids, and bound the ratio.
+The poll interval is small for the same reason: between the last claims the relay may find
+nothing due and wait for the backoff of the last failed rows, not for a poll.
 
 The relay logs every failure (``relay.publish_failed``, a warning); a counting handler on the
 ``sqla_outbox`` logger receives them during this workload (instead of stderr), and its count is

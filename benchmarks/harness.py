@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import psycopg
 import sqlalchemy as sa
@@ -43,6 +43,7 @@ __all__ = [
     "Scale",
     "Target",
     "compare",
+    "create_tables",
     "drop_database",
     "fill_backlog",
     "format_table",
@@ -181,6 +182,11 @@ def recreate_database(url: URL) -> None:
     _admin(url, f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)')
     _admin(url, f'CREATE DATABASE "{url.database}"')
     _admin(url, f"ALTER DATABASE \"{url.database}\" SET TimeZone = 'UTC'")
+    create_tables(url)
+
+
+def create_tables(url: URL) -> None:
+    """Create the outbox and ``bench_orders`` in ``url``'s (new, empty) database."""
     engine = make_engine(url)
     try:
         outbox.metadata.create_all(engine)
@@ -220,7 +226,28 @@ def server_facts(conninfo: str) -> dict[str, str]:
 
 @dataclass
 class Context:
-    """What every workload receives: where to connect, how big to go, one shared engine."""
+    """What every workload receives: where to connect, how big to go, one shared engine.
+
+    The maintenance statements (:meth:`clear_tables`, :func:`snapshot_outbox`,
+    :func:`restore_outbox`) are PostgreSQL's here; ``benchmarks.mysql.MySQLContext`` overrides
+    them, :meth:`raw` and :meth:`sql` for MySQL and MariaDB.
+    """
+
+    CLEAR: ClassVar[tuple[str, ...]] = (
+        "TRUNCATE outbox, bench_orders",
+        "VACUUM ANALYZE outbox",
+        "CHECKPOINT",
+    )
+    SNAPSHOT: ClassVar[tuple[str, ...]] = (
+        "DROP TABLE IF EXISTS outbox_template",
+        "CREATE TABLE outbox_template AS SELECT * FROM outbox",
+    )
+    RESTORE: ClassVar[tuple[str, ...]] = (
+        "TRUNCATE outbox",
+        "INSERT INTO outbox SELECT * FROM outbox_template",
+        "VACUUM ANALYZE outbox",
+        "CHECKPOINT",
+    )
 
     url: URL
     scale: Scale
@@ -247,7 +274,7 @@ class Context:
                 conn.execute(statement.encode())
 
     def clear_tables(self) -> None:
-        self.sql("TRUNCATE outbox, bench_orders", "VACUUM ANALYZE outbox", "CHECKPOINT")
+        self.sql(*self.CLEAR)
 
 
 # --- rows the baselines write ---------------------------------------------------------------------
@@ -302,24 +329,17 @@ def fill_backlog(ctx: Context, rows: int, per_transaction: int = 10) -> None:
 
 def snapshot_outbox(ctx: Context) -> None:
     """Copy the outbox's current rows to ``outbox_template`` for :func:`restore_outbox`."""
-    ctx.sql(
-        "DROP TABLE IF EXISTS outbox_template",
-        "CREATE TABLE outbox_template AS SELECT * FROM outbox",
-    )
+    ctx.sql(*ctx.SNAPSHOT)
 
 
 def restore_outbox(ctx: Context) -> None:
     """Put the outbox back to exactly the snapshot, vacuumed, analysed and checkpointed.
 
     Run before every timed drain, untimed, so each arm starts from identical rows, statistics,
-    free space and a clean shared-buffer state.
+    free space and a clean shared-buffer state. (On MySQL and MariaDB: ``TRUNCATE``, ``INSERT
+    ... SELECT`` and ``ANALYZE TABLE``; see ``benchmarks.mysql``.)
     """
-    ctx.sql(
-        "TRUNCATE outbox",
-        "INSERT INTO outbox SELECT * FROM outbox_template",
-        "VACUUM ANALYZE outbox",
-        "CHECKPOINT",
-    )
+    ctx.sql(*ctx.RESTORE)
 
 
 # --- timing ---------------------------------------------------------------------------------------
