@@ -272,13 +272,20 @@ def _locking_read(
         claimable.append(
             or_(~exists(first_failing), _position(t) <= first_failing.scalar_subquery())
         )
-    return (
+    read = (
         select(*columns)
         .where(*claimable)
         .order_by(t.c.staged_at, t.c.id)
         .limit(_inline(size))
         .with_for_update(skip_locked=True)
     )
+    # MySQL has no partial indexes: ix_outbox_parked_group is (parked, staged_at) over every
+    # row, and with `parked = 0` in the WHERE its optimizer may pick it on a young table and
+    # read every published row. The claim index, led by the claimable columns, serves the
+    # range in claim order.
+    for name in MYSQL_DIALECTS:
+        read = read.with_hint(t, "USE INDEX (ix_outbox_claimable)", dialect_name=name)
+    return read
 
 
 def _ends(candidates: Any, name: str, prefix: str) -> Any:
@@ -359,13 +366,21 @@ def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: st
     # statistics that made the parked rows look few, it checked each of 9,900 parked rows
     # against every candidate (90 ms a claim).
     def stuck_with(column: str) -> ColumnElement[bool]:
-        # Only a stuck row before its transaction's (or key's) last candidate holds one back:
-        # the rows parked behind a retried first row of a transaction do not crowd its claim.
+        # Only a stuck row before a candidate of its transaction (or key) holds one back: the
+        # rows parked behind a retried first row of a transaction do not crowd its claim. (A
+        # window function for each group's last candidate said the same, but made PostgreSQL
+        # plan the claim afresh on every pass instead of keeping a generic plan.)
         # Two probes, one per kind of stuck row, each matching a small partial index (failed
         # rows: ix_outbox_failing; parked rows: ix_outbox_parked_*): with nothing failing a
         # probe finds an empty index at once, where one probe for either kind walked every
         # unpublished row of the transaction (2 ms of a 1,000-row claim).
-        owners = _ends(candidates, column, "gate")
+        owners = (
+            select(candidates.c[column])
+            .where(candidates.c[column].is_not(None))
+            .distinct()
+            .subquery(f"candidate_{column}")
+        )
+        later = candidates.alias(f"later_{column}")
 
         def probe(kind: str, stuck: Callable[[Any], ColumnElement[bool]]) -> Any:
             row = t.alias(f"{kind}_{column}")
@@ -373,7 +388,11 @@ def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: st
                 select(literal_column("1"))
                 .where(
                     row.c[column] == owners.c[column],
-                    _position(row) < tuple_(owners.c.end_staged_at, owners.c.end_id),
+                    exists(
+                        select(literal_column("1")).where(
+                            later.c[column] == row.c[column], _position(later) > _position(row)
+                        )
+                    ),
                     *_holding(row, dialect, previous),
                     stuck(row),
                 )

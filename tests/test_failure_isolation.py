@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from support import REPO, MakeRelay, cli_env, expire_backoffs, recorded_ids, url_of, wait_until
 
 import sqla_outbox as outbox
+from sqla_outbox.claims import WriteBack
 from sqla_outbox.message import OutboxMessage
 
 Row = outbox.OutboxRow
@@ -630,3 +631,28 @@ def test_a_strict_relay_settles_a_failed_pass_on_its_own(
     assert broker.published == []
     assert "settle" in kinds.sent
     assert not any(kind.endswith("+settle") for kind in kinds.sent)
+
+
+def test_the_claim_keeps_a_generic_plan(pg_engine: Engine, make_relay: MakeRelay) -> None:
+    """PostgreSQL plans a prepared claim once and keeps that generic plan, rather than planning
+    it afresh on every pass (half a millisecond, a fifth of a pass at batch 100): a change to
+    the claim's SQL that makes the server prefer custom plans is a regression the drain
+    benchmark sees, and this catches it first. (Reads the store's held connection.)"""
+    stage_each(pg_engine, ((f"m{n}", None) for n in range(3000)), per_transaction=10)
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE outbox")
+    relay = make_relay(pg_engine, Broker(), batch_size=100)
+    store = relay._statements
+    carried = None
+    for n in range(20):
+        claimed = store.claim(f"{relay.relay_id}:{n}", carried)
+        carried = WriteBack(claimed.token, [m.id for m in claimed.messages])
+    assert store._held is not None
+    plans = store._held.exec_driver_sql(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+        " WHERE statement LIKE '%%candidates AS%%'"
+    ).all()
+    store.drop_connection()
+    assert plans, "the claim was not prepared"
+    generic, custom = (sum(column) for column in zip(*plans, strict=True))
+    assert generic > custom, f"{generic} generic and {custom} custom plans"

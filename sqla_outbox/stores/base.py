@@ -23,6 +23,7 @@ from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult, Engine, Executable
+from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack, next_window
@@ -84,8 +85,9 @@ class SqlStore:
         self._retry = retry
         self._liveness = liveness
         self._window = batch_size
-        self._steps_engine = engine
-        """The engine of :meth:`_transaction`'s steps (a store may set an isolation level)."""
+        self._held: Connection | None = None
+        """A connection kept across passes by stores whose steps use one (see
+        :meth:`_held_connection`)."""
         dialect = self._dialect = engine.dialect.name
         self._mark = queries.mark_published_stmt(dialect)
         self._unpark = queries.unpark_behind_stmt(dialect)
@@ -309,9 +311,35 @@ class SqlStore:
     @contextmanager
     def _transaction(self, statements: int) -> Iterator[Connection]:
         """A connection in a transaction for one pass step of ``statements`` statements."""
-        with raise_if_missing_table(self.engine), self._steps_engine.begin() as conn:
+        with raise_if_missing_table(self.engine), self.engine.begin() as conn:
             yield conn
         self._liveness.reached_database()
 
+    def _held_connection(self) -> Connection:
+        """The connection kept across passes, opened by :meth:`_open_held` when there is none.
+
+        A store that sets up its session (an isolation level, a planner setting) does it once
+        per connection instead of once per step. Its steps drop it on any error
+        (:meth:`drop_connection`); the next step takes a fresh one from the pool.
+        """
+        if self._held is None:
+            self._held = self._open_held()
+        return self._held
+
+    def _open_held(self) -> Connection:
+        """A connection from the pool, set up for this store's steps."""
+        return self.engine.connect()
+
+    def _reset_held(self, held: Connection) -> None:
+        """Undo on ``held`` what :meth:`_open_held` set that the pool would not reset."""
+
     def drop_connection(self) -> None:
-        """Let go of any connection held between passes (none here)."""
+        """Let go of the connection held between passes, if any."""
+        held, self._held = self._held, None
+        if held is not None:
+            try:
+                if not held.invalidated:
+                    self._reset_held(held)
+                held.close()
+            except SQLAlchemyError:
+                log.debug("closing a broken relay connection failed", exc_info=True)

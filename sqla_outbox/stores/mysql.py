@@ -24,12 +24,15 @@ poll (no LISTEN); a commit in the relay's own process still wakes it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
+from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.stores.base import SqlStore
 
 __all__ = ["MySQLStore"]
@@ -41,7 +44,6 @@ class MySQLStore(SqlStore):
     def __init__(self, engine: Engine, **settings: Any) -> None:
         super().__init__(engine, **settings)
         dialect, order = self._dialect, self._order
-        self._steps_engine = engine.execution_options(isolation_level="READ COMMITTED")
         self._lock = queries.lock_stmt(dialect, order)
         self._plan = queries.plan_stmt(dialect, order)
         self._stamp = queries.stamp_stmt(dialect)
@@ -68,3 +70,25 @@ class MySQLStore(SqlStore):
         claimed.parked = len(park)
         claimed.held = len(leave)
         return claimed
+
+    @contextmanager
+    def _transaction(self, statements: int) -> Iterator[Connection]:
+        """A transaction on the connection held across passes, at ``READ COMMITTED``.
+
+        Set once per connection: an engine's ``isolation_level`` would set it and reset it at
+        every checkout, four more round trips a pass.
+        """
+        with raise_if_missing_table(self.engine):
+            held = self._held_connection()
+            try:
+                with held.begin():
+                    yield held
+            except BaseException:
+                self.drop_connection()
+                raise
+        self._liveness.reached_database()
+
+    def _open_held(self) -> Connection:
+        # SQLAlchemy sets the level on this checkout and restores it when the connection goes
+        # back to the pool.
+        return self.engine.connect().execution_options(isolation_level="READ COMMITTED")

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Executable, Select, Update
-from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
@@ -60,8 +59,6 @@ class PostgresStore(SqlStore):
         }
         self._crowded = False
         self._settle = queries.settle_stmt()
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._held: Connection | None = None
 
     def can_carry(self, write_back: WriteBack) -> bool:
         """A mark always; a pass with failures in key order only (see
@@ -171,29 +168,24 @@ class PostgresStore(SqlStore):
                 yield conn
             return
         with raise_if_missing_table(self.engine):
-            if self._held is None:
-                self._held = self._autocommit.connect()
-                # The claim's ordering guard is a recursive query over the window; its cost
-                # estimate grows with the square of the window and crosses jit_above_cost at
-                # about 1,000 rows, where compiling it takes 20-800 ms of a claim that runs in
-                # 7. Off for this connection only, and reset before it goes back to the pool
-                # (drop_connection). (force_generic_plan, which would save the half
-                # millisecond of planning, measured slower at 1,000-row batches.)
-                self._held.exec_driver_sql("SET jit = off")
+            held = self._held_connection()
             try:
-                yield self._held
+                yield held
             except BaseException:
                 self.drop_connection()
                 raise
         self._liveness.reached_database()
 
-    def drop_connection(self) -> None:
-        """Let go of the connection held between passes."""
-        held, self._held = self._held, None
-        if held is not None:
-            try:
-                if not held.invalidated:
-                    held.exec_driver_sql("RESET jit")
-                held.close()
-            except SQLAlchemyError:
-                log.debug("closing a broken relay connection failed", exc_info=True)
+    def _open_held(self) -> Connection:
+        held = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        # The claim's ordering guard is a recursive query over the window; its cost estimate
+        # grows with the square of the window and crosses jit_above_cost at about 1,000 rows,
+        # where compiling it takes 20-800 ms of a claim that runs in 7. Off for this connection
+        # only, and reset before it goes back to the pool (_reset_held). (force_generic_plan,
+        # which would save the half millisecond of planning, measured slower at 1,000-row
+        # batches.)
+        held.exec_driver_sql("SET jit = off")
+        return held
+
+    def _reset_held(self, held: Connection) -> None:
+        held.exec_driver_sql("RESET jit")
