@@ -267,6 +267,18 @@ def run(ctx: Context) -> list[Result]:
         key: {name: [getattr(done, key) for done in rounds[name]] for name in rounds}
         for key in _PER_ROUND
     }
+
+    def per_arm(what: str, key: str) -> Result:
+        """The median of a per-round count, failing arm against clean arm."""
+        return Result(
+            name=f"drain, 2% fail once: {what} vs no failures",
+            unit="",
+            ours=float(statistics.median(per_round[key][FAILS])),
+            baseline=float(statistics.median(per_round[key][CLEAN])),
+            baseline_name="no failures",
+            samples={name: [float(n) for n in per_round[key][name]] for name in rounds},
+        )
+
     return [
         compare(
             f"drain, 2% fail once vs no failures (b={BATCH}, start/stop)",
@@ -287,24 +299,10 @@ def run(ctx: Context) -> list[Result]:
             baseline_name="2% of rows",
             extra={"charged_per_round": per_round["charged"][FAILS]},
         ),
-        Result(
-            name="drain, 2% fail once: passes that published vs no failures",
-            unit="",
-            ours=float(statistics.median(per_round["passes"][FAILS])),
-            baseline=float(statistics.median(per_round["passes"][CLEAN])),
-            baseline_name="no failures",
-            samples={name: [float(p) for p in per_round["passes"][name]] for name in rounds},
-        ),
-        Result(
-            # The floor under the ratio: the failing arm's row writes (charges, parking,
-            # unparking, the retries' claims and marks) against the clean arm's claim and mark.
-            name="drain, 2% fail once: row versions written vs no failures",
-            unit="",
-            ours=float(statistics.median(per_round["row_updates"][FAILS])),
-            baseline=float(statistics.median(per_round["row_updates"][CLEAN])),
-            baseline_name="no failures",
-            samples={name: [float(n) for n in per_round["row_updates"][name]] for name in rounds},
-        ),
+        per_arm("passes that published", "passes"),
+        # The floor under the ratio: the failing arm's row writes (charges, parking, unparking,
+        # the retries' claims and marks) against the clean arm's claims and marks.
+        per_arm("row versions written", "row_updates"),
         Result(
             name=f"drain, 2% fail once: duplicates over {len(every)} drains",
             unit="",

@@ -315,6 +315,23 @@ class SqlStore:
             yield conn
         self._liveness.reached_database()
 
+    @contextmanager
+    def _held_step(self, *, begin: bool) -> Iterator[Connection]:
+        """One step on the connection held across passes (:meth:`_held_connection`), in a
+        transaction of its own with ``begin``; any error drops the connection."""
+        with raise_if_missing_table(self.engine):
+            held = self._held_connection()
+            try:
+                if begin:
+                    with held.begin():
+                        yield held
+                else:
+                    yield held
+            except BaseException:
+                self.drop_connection()
+                raise
+        self._liveness.reached_database()
+
     def _held_connection(self) -> Connection:
         """The connection kept across passes, opened by :meth:`_open_held` when there is none.
 

@@ -32,7 +32,6 @@ from sqlalchemy import Connection, Engine
 
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
-from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.stores.base import SqlStore
 
 __all__ = ["MySQLStore"]
@@ -78,15 +77,8 @@ class MySQLStore(SqlStore):
         Set once per connection: an engine's ``isolation_level`` would set it and reset it at
         every checkout, four more round trips a pass.
         """
-        with raise_if_missing_table(self.engine):
-            held = self._held_connection()
-            try:
-                with held.begin():
-                    yield held
-            except BaseException:
-                self.drop_connection()
-                raise
-        self._liveness.reached_database()
+        with self._held_step(begin=True) as conn:
+            yield conn
 
     def _open_held(self) -> Connection:
         # SQLAlchemy sets the level on this checkout and restores it when the connection goes

@@ -28,7 +28,6 @@ from sqlalchemy import Connection, Engine, Executable, Select, Update
 
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
-from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.stores.base import SqlStore
 
 __all__ = ["PostgresStore"]
@@ -167,14 +166,8 @@ class PostgresStore(SqlStore):
             with super()._transaction(statements) as conn:
                 yield conn
             return
-        with raise_if_missing_table(self.engine):
-            held = self._held_connection()
-            try:
-                yield held
-            except BaseException:
-                self.drop_connection()
-                raise
-        self._liveness.reached_database()
+        with self._held_step(begin=False) as conn:
+            yield conn
 
     def _open_held(self) -> Connection:
         held = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
