@@ -24,12 +24,13 @@ hands the rest back. The loops of ``start()`` and ``run()`` outlive every other 
 logging it and retrying with capped backoff; :meth:`Relay.is_alive` says whether one is running
 and reaching the database (:mod:`sqla_outbox.liveness`).
 
-A loop working through a backlog (``drain()``, ``start()``, ``run()``) defers the mark of a
-claim it published in full to the claim that follows at once: on PostgreSQL both travel in one
-statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), on SQLite in one transaction. A
-pass is then one round trip plus the publishing. A mark is never left waiting: before the loop
-sleeps, stops, or gives up after an error, it writes the mark on its own. The statements
-themselves run in a store (:mod:`sqla_outbox.stores`), one per database.
+A loop working through a backlog (``drain()``, ``start()``, ``run()``) defers a pass's
+write-back (the mark of a claim published in full; in key order also the charges and parking of
+a pass with failures) to the claim that follows at once: on PostgreSQL both travel in one
+statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), elsewhere in one transaction. A
+pass is then one round trip plus the publishing. A write-back is never left waiting: before the
+loop sleeps, stops, or gives up after an error, it is written on its own. The statements
+themselves run in a store (:mod:`sqla_outbox.stores`), one per database and driver.
 
 Every update after the claim is fenced on the claim's token. A relay that stalls past its lease
 (GC pause, stuck broker call) wakes into a world where another relay has reclaimed its rows;
@@ -191,7 +192,7 @@ class Relay:
     :param overlap: claim the next rows while a pass publishes (:mod:`sqla_outbox.overlap`):
         ``None`` (default) does it for publishers that declare ``overlap = True`` (the bundled
         brokers where it was measured to pay); ``True``/``False`` decide for any publisher.
-        PostgreSQL only: on SQLite a relay claims between passes whatever this says.
+        PostgreSQL only: on SQLite and MySQL a relay claims between passes whatever this says.
 
     .. attribute:: max_backoff
 
