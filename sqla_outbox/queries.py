@@ -499,12 +499,27 @@ def _claim_plan(
     excluded = excluded.union(
         select(later.c.id, later.c.staged_at, later.c.ordering_key).where(_related(later, excluded))
     )
+
+    # Park a candidate only behind a stuck row of its own group or key *before* it. A group
+    # whose stuck row sits between two candidates excludes both from this claim, but parks only
+    # the later one: parking the earlier one too left it parked with nothing before it (and the
+    # stuck row, once due, parked behind it in turn) until the sweep came by, seconds later.
+    def stuck_before(column: str, stuck_groups: Select[Any]) -> ColumnElement[bool]:
+        row = t.alias(f"parks_{column}")
+        before = exists(
+            select(literal_column("1")).where(
+                row.c[column] == candidates.c[column],
+                _position(row) < _position(candidates),
+                *_holding(row, dialect, previous),
+                _stuck(row, dialect),
+            )
+        )
+        return and_(candidates.c[column].in_(stuck_groups), before)
+
     park = select(candidates.c.id).where(
         or_(
-            candidates.c.staged_at.in_(select(held_groups.c.staged_at).where(held_groups.c.stuck)),
-            candidates.c.ordering_key.in_(
-                select(held_keys.c.ordering_key).where(held_keys.c.stuck)
-            ),
+            stuck_before("staged_at", select(held_groups.c.staged_at).where(held_groups.c.stuck)),
+            stuck_before("ordering_key", select(held_keys.c.ordering_key).where(held_keys.c.stuck)),
         )
     )
     claim = (
@@ -947,7 +962,9 @@ def renew_stmt(dialect: str) -> Update:
 
 def idle_stmt(dialect: str) -> Select[Any, Any, Any, int, dt.datetime]:
     """What an idle relay must come back for, in one query over the unpublished rows:
-    ``next_run_at`` and ``next_retry_at`` (the earliest still in the future), ``oldest_claim``
+    ``next_run_at`` (the earliest still in the future), ``next_retry_at`` (the earliest backoff
+    end of a row no claim holds and nothing parked: in the past when one is due now),
+    ``oldest_claim``
     (lapses ``claim_lease`` later), ``parked`` (a count) and the database's ``now``.
 
     Aggregates over some of the rows are ``min(CASE WHEN ... THEN x END)`` rather than
@@ -960,7 +977,12 @@ def idle_stmt(dialect: str) -> Select[Any, Any, Any, int, dt.datetime]:
     shown = cast(now, UTCDateTime()) if dialect in MYSQL_DIALECTS else now
     return select(
         func.min(case((and_(alive, t.c.run_at > now), t.c.run_at))).label("next_run_at"),
-        func.min(case((and_(alive, t.c.retry_at > now), t.c.retry_at))).label("next_retry_at"),
+        # Past ones too, of rows no claim holds: a backoff that ended after the relay's last
+        # claim and before this plan is work due now, not "nothing pending" (which would let
+        # the relay sleep until IDLE_MAX while the retried row waits).
+        func.min(case((and_(alive, ~t.c.parked, t.c.claimed_at.is_(None)), t.c.retry_at))).label(
+            "next_retry_at"
+        ),
         func.min(t.c.claimed_at).label("oldest_claim"),  # min() skips NULLs: unclaimed rows
         func.count(case((t.c.parked, literal_column("1")))).label("parked"),
         shown.label("now"),

@@ -656,3 +656,24 @@ def test_the_claim_keeps_a_generic_plan(pg_engine: Engine, make_relay: MakeRelay
     assert plans, "the claim was not prepared"
     generic, custom = (sum(column) for column in zip(*plans, strict=True))
     assert generic > custom, f"{generic} generic and {custom} custom plans"
+
+
+def test_a_stuck_row_parks_only_what_comes_after_it(engine: Engine, make_relay: MakeRelay) -> None:
+    """Key K: a due message, a dead letter, another due message. The claim meets both due ones
+    with the dead letter between them: it parks only the later one and publishes the earlier,
+    which nothing holds back. (It used to park both, leaving the first parked with nothing
+    before it until the periodic sweep.)"""
+    _first, dead, _last = stage_each(engine, [("first", "K"), ("dead", "K"), ("last", "K")])
+    with engine.begin() as conn:
+        conn.execute(
+            update(Row)
+            .where(Row.id == dead.id)
+            .values(attempts=3, dead_at=dt.datetime.now(dt.timezone.utc))
+        )
+    broker = Broker()
+    relay = make_relay(engine, broker, batch_size=10)
+    # One pass, which runs no sweep (a drain sweeps when it finds nothing, which hid this).
+    assert relay.tick() == 1
+    assert broker.published == ["first"]
+    assert relay.tick() == 0  # the last one still waits for the dead letter
+    assert rows(engine)["last"].published_at is None

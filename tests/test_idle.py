@@ -109,3 +109,21 @@ def test_polling_relays_wait_poll_interval(pg_engine: Engine, make_relay: MakeRe
     relay = make_relay(pg_engine, lambda message: None, poll_only=True, poll_interval=0.3)
     relay._sweep()
     assert relay._idle_wait() == 0.3
+
+
+def test_a_backoff_that_ended_before_the_plan_means_claim_now(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A failed row whose backoff ended after the relay's last claim but before its idle plan
+    is due now: the loop claims again after ``poll_interval``, rather than sleeping until a
+    notification or IDLE_MAX while the row waits (as it did when the plan counted only
+    backoffs still in the future)."""
+    relay = _as_if_listening(make_relay, pg_engine)
+    with Session(pg_engine) as session:
+        failed = outbox.enqueue(session, "failed-once")
+        session.commit()
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(milliseconds=5)
+    with pg_engine.begin() as conn:
+        row = outbox.OutboxRow
+        conn.execute(update(row).where(row.id == failed.id).values(attempts=1, retry_at=past))
+    assert relay._idle_wait() == relay.poll_interval

@@ -997,8 +997,9 @@ def test_a_purge_batch_does_not_hold_up_enqueue(mariadb_engine: Engine) -> None:
 
 def test_sweep_and_idle_statements_run_on_mariadb(mariadb_engine: Engine) -> None:
     """The parked-row sweep unparks a parked row nothing stuck holds back and keeps the one
-    behind the dead letter; the idle query reads the next scheduled run, the next retry, the
-    oldest claim and the parked count, with aware UTC timestamps."""
+    behind the dead letter; the idle query reads the next scheduled run, the earliest retry of
+    a row no claim holds (one already due included), the oldest claim and the parked count,
+    with aware UTC timestamps."""
     backlog = Backlog(mariadb_engine)
     free = enqueue_one(mariadb_engine, "ship_order", ordering_key="order-9")
     set_rows(mariadb_engine, [free], parked=True)
@@ -1014,7 +1015,9 @@ def test_sweep_and_idle_statements_run_on_mariadb(mariadb_engine: Engine) -> Non
     with mariadb_engine.connect() as conn:
         idle = conn.execute(queries.idle_stmt(dialect), {"now": now}).one()
     assert idle.next_run_at == outbox_row(mariadb_engine, backlog.scheduled).run_at
-    assert idle.next_retry_at == outbox_row(mariadb_engine, backlog.backing_off).retry_at
+    # The failed row whose backoff is over is due now: the earliest retry, in the past.
+    assert idle.next_retry_at == outbox_row(mariadb_engine, backlog.retry_due).retry_at
+    assert idle.next_retry_at < now
     assert idle.oldest_claim == outbox_row(mariadb_engine, backlog.lapsed).claimed_at
     assert idle.parked == 1
     assert idle.now.tzinfo is dt.timezone.utc

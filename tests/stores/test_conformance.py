@@ -43,6 +43,7 @@ from support import (
 )
 
 import sqla_outbox as outbox
+from sqla_outbox import relay as relay_module
 from sqla_outbox.message import OutboxMessage
 
 LEASE = 1.0
@@ -532,3 +533,58 @@ def test_renewal_keeps_a_claim_slower_than_its_lease_from_a_second_relay(
         assert not any(p.failed.is_set() for p in publishers), "a claim was lost or not renewed"
         wait_until(lambda: unpublished(store_engine) == 0, "every message to be marked")
     ledger.assert_each_once(staged)
+
+
+# --- 7. failures under concurrency ----------------------------------------------------------------
+
+
+def test_two_relays_with_messages_failing_once_keep_every_order(
+    store_engine: Engine, make_relay: MakeRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two started relays over 40 transactions of 5 messages, every seventh message refused on
+    its first attempt (a short backoff, so it comes back within the test): each message is
+    published once, and no message of a transaction or key goes out before a failed one ahead
+    of it, whichever relay charged it and whichever retried it. This is the path where a failed
+    pass's charges and parking ride on that relay's next claim while the other relay claims.
+
+    With two relays some rows stay parked after their holder went out (a claim parks a whole
+    transaction or key held by a stuck row, and the claims of two relays interleave) until the
+    idle loop's sweep frees them; the sweep runs every 0.2 s here instead of 5 s, since this
+    test is about order, not about how long such a row waits."""
+    monkeypatch.setattr(relay_module, "SWEEP_INTERVAL", 0.2)
+    transactions = commit_backlog(store_engine, 40, 5)
+    staged = [m for messages in transactions for m in messages]
+    failing = {m.id for m in staged[::7]}
+    ledger = Ledger(expected=len(staged))
+    refused: set[uuid.UUID] = set()
+    lock = threading.Lock()
+
+    def publisher(name: str) -> Callable[[OutboxMessage], None]:
+        def publish(message: OutboxMessage) -> None:
+            with lock:
+                first_attempt = message.id in failing and message.id not in refused
+                refused.add(message.id)
+            if first_attempt:
+                raise RuntimeError(f"{name} refused {message.job} once")
+            ledger.record(name, [message])
+
+        return publish
+
+    relays = [
+        make_relay(
+            store_engine,
+            publisher(name),
+            batch_size=7,
+            poll_interval=0.01,
+            retry_base=0.02,
+            retry_max=0.02,
+            relay_id=name,
+        )
+        for name in ("relay-1", "relay-2")
+    ]
+    with running(relays):
+        wait_until(ledger.all_in.is_set, "every message published after its retries")
+    assert refused >= failing
+    ledger.assert_each_once(staged)
+    assert_in_order(ledger.ids(), transactions)
+    assert unpublished(store_engine) == 0
