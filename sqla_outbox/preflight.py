@@ -11,8 +11,9 @@ What is checked, and when:
   it names PostgreSQL, SQLite, MySQL or MariaDB (the dialect is the URL's scheme, so any other
   is refused before its driver is imported); SQLAlchemy knows its driver.
 * **The driver** (:func:`engine_from_url`): its module is installed.
-* **The bind** given to a relay (:func:`relay_bind`) or to an operator function
-  (:func:`operator_engine`): an ``Engine`` of a supported database, or a URL as above.
+* **The bind** given to a relay or to an operator function (:func:`resolve_bind`, and
+  :func:`operator_engine` for the latter): an ``Engine`` of a supported database, or a URL as
+  above.
   Everything here raises :class:`~sqla_outbox.errors.ConfigurationError`.
 * **The table** (:func:`check_outbox_table`), on a connection: it exists
   (:class:`~sqla_outbox.errors.MissingTableError`), and on PostgreSQL the connected role holds
@@ -63,7 +64,7 @@ __all__ = [
     "database_url",
     "engine_from_url",
     "operator_engine",
-    "relay_bind",
+    "resolve_bind",
     "table_access_stmt",
 ]
 
@@ -183,16 +184,13 @@ def engine_from_url(
         ) from error
 
 
-def relay_bind(bind: object) -> Engine | URL:
-    """What a relay given ``bind`` should use: a supported ``Engine`` as it is, or a checked URL.
+def resolve_bind(bind: object) -> Engine | URL:
+    """What a relay or an operator function given ``bind`` should use: a supported ``Engine``
+    as it is, or a checked URL.
 
     An ``AsyncEngine`` (or an ``Engine`` whose driver is asyncio-only) becomes the URL of its
     synchronous twin, or is refused (see module docs).
     """
-    return _resolve_bind(bind)
-
-
-def _resolve_bind(bind: object) -> Engine | URL:
     # An AsyncEngine exists only if SQLAlchemy's asyncio extension was imported: look for it
     # there, so that plain-sync users never import it (nor greenlet) through us.
     asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
@@ -214,7 +212,7 @@ def _resolve_bind(bind: object) -> Engine | URL:
 def operator_engine(bind: Engine | str | URL) -> Iterator[Engine]:
     """``bind`` as an engine for a one-off operator call (``purge``, the dead-letter functions):
     the caller's own, or one made for a URL and disposed afterwards."""
-    resolved = _resolve_bind(bind)
+    resolved = resolve_bind(bind)
     if isinstance(resolved, Engine):
         yield resolved
         return

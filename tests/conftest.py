@@ -88,13 +88,18 @@ def pg_url(_pg_reachable: None, request: pytest.FixtureRequest) -> URL:
     )
 
 
-@pytest.fixture
-def pg_engine(pg_url: URL) -> Iterator[Engine]:
-    """An engine on a fresh PostgreSQL database that already has the outbox table."""
-    engine = create_engine(pg_url)
+def _with_outbox(url: URL) -> Iterator[Engine]:
+    """An engine on ``url`` with the outbox table created, disposed of afterwards."""
+    engine = create_engine(url)
     outbox.metadata.create_all(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def pg_engine(pg_url: URL) -> Iterator[Engine]:
+    """An engine on a fresh PostgreSQL database that already has the outbox table."""
+    yield from _with_outbox(pg_url)
 
 
 MYSQL_HOST = os.environ.get("SQLA_OUTBOX_MYSQL_HOST", "127.0.0.1")
@@ -162,10 +167,7 @@ def mariadb_url(_mariadb_reachable: None) -> Iterator[URL]:
 @pytest.fixture
 def mariadb_engine(mariadb_url: URL) -> Iterator[Engine]:
     """An engine on a fresh MariaDB/MySQL database that already has the outbox table."""
-    engine = create_engine(mariadb_url)
-    outbox.metadata.create_all(engine)
-    yield engine
-    engine.dispose()
+    yield from _with_outbox(mariadb_url)
 
 
 @pytest.fixture

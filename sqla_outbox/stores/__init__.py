@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL
 from sqla_outbox import driver_sql
 from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ConfigurationError
-from sqla_outbox.preflight import SUPPORTED_DATABASES, engine_from_url, relay_bind
+from sqla_outbox.preflight import SUPPORTED_DATABASES, engine_from_url, resolve_bind
 from sqla_outbox.queries import stage_stmt
 from sqla_outbox.stores import psycopg
 from sqla_outbox.stores.base import SqlStore
@@ -74,7 +74,7 @@ def relay_engine(bind: object) -> Engine:
     statement (``BEGIN IMMEDIATE``); rather than add listeners to the caller's engine, a relay on
     an SQLite file uses an engine of its own.
     """
-    resolved = relay_bind(bind)
+    resolved = resolve_bind(bind)
     if isinstance(resolved, Engine):
         url: URL = resolved.url
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):

@@ -27,7 +27,8 @@ from support import reachable_redis
 
 from .. import celery_app_for_tests as tasks
 from .. import throwaway
-from ..conformance import ALL_FIELDS, PASSWORD, BadUrl, BrokerAdapter, Delivery, wait_for
+from ..conformance import ALL_FIELDS, PASSWORD, BadUrl, BrokerAdapter, Delivery
+from ._redis import PrivateRedis, RedisQueues
 
 ONE_BY_ONE = "pipeline=false"
 
@@ -66,59 +67,12 @@ def read_queue(client: redis.Redis, queue: str) -> list[Delivery]:
     return [delivery(raw) for raw in reversed(client.lrange(queue, 0, -1))]
 
 
-class _Lists:
+class _Lists(RedisQueues):
     def __init__(self, client: redis.Redis) -> None:
-        self.client = client
+        super().__init__(client, f"sqla_outbox_test_{uuid.uuid4().hex[:10]}_", read_queue)
         self.url = f"celery:{tasks.__name__}:app?{ONE_BY_ONE}"
         # A subprocess imports the module from the repository root, under its full name.
         self.cli_url = f"celery:tests.brokers.celery_app_for_tests:app?{ONE_BY_ONE}"
-        self.run = uuid.uuid4().hex[:10]
-
-    def queue(self, label: str) -> str:
-        return f"sqla_outbox_test_{self.run}_{label}"
-
-    def refused_queue(self) -> str:
-        name = self.queue(f"refused_{uuid.uuid4().hex[:6]}")
-        self.client.set(name, "not a list")
-        return name
-
-    def accept(self, queue: str) -> None:
-        self.client.delete(queue)
-
-    def received(self, queue: str, count: int = 0) -> list[Delivery]:
-        return wait_for(lambda: read_queue(self.client, queue), count, f"queue {queue!r}")
-
-    def clean(self) -> None:
-        # The queues, and kombu's bindings for their exchanges.
-        for key in self.client.scan_iter(match=f"*sqla_outbox_test_{self.run}_*"):
-            self.client.delete(key)
-
-
-class _PrivateRedis:
-    def __init__(self, server: throwaway.BrokerProcess) -> None:
-        self.server = server
-        spec = tasks.app_on(f"redis://127.0.0.1:{server.port}/0")
-        self.url = f"{spec}?{ONE_BY_ONE}&socket_timeout=1"
-        self.before: dict[str, list[Delivery]] = {}
-
-    def queue(self, label: str) -> str:
-        self.before.setdefault(label, [])
-        return label
-
-    def received(self, queue: str, count: int = 0) -> list[Delivery]:
-        return wait_for(lambda: self.before[queue] + self._read(queue), count, f"{queue!r}")
-
-    def stop(self) -> None:
-        for queue in self.before:  # this Redis keeps nothing across a restart
-            self.before[queue] += self._read(queue)
-        self.server.stop()
-
-    def start(self) -> None:
-        self.server.start()
-
-    def _read(self, queue: str) -> list[Delivery]:
-        with redis.Redis(port=self.server.port, socket_timeout=3) as client:
-            return read_queue(client, queue)
 
 
 class CeleryAdapter(BrokerAdapter):
@@ -168,9 +122,11 @@ class CeleryAdapter(BrokerAdapter):
         return f"{tasks.app_on(f'redis://:{PASSWORD}@127.0.0.1:{port}/0')}?{ONE_BY_ONE}"
 
     @contextmanager
-    def restartable(self, workdir: Path) -> Iterator[_PrivateRedis]:
+    def restartable(self, workdir: Path) -> Iterator[PrivateRedis]:
         with throwaway.redis_server(workdir) as server:
-            yield _PrivateRedis(server)
+            spec = tasks.app_on(f"redis://127.0.0.1:{server.port}/0")
+            url = f"{spec}?{ONE_BY_ONE}&socket_timeout=1"
+            yield PrivateRedis(server, url, read_queue, decode=False)
 
 
 ADAPTER = CeleryAdapter()

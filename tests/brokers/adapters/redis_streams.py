@@ -18,7 +18,8 @@ import redis
 from support import reachable_redis
 
 from .. import throwaway
-from ..conformance import PASSWORD, BadUrl, BrokerAdapter, Delivery, wait_for
+from ..conformance import PASSWORD, BadUrl, BrokerAdapter, Delivery
+from ._redis import PrivateRedis, RedisQueues
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -36,55 +37,10 @@ def delivery(entry: dict[str, str]) -> Delivery:
     return Delivery(fields, entry["idempotency_key"], entry.get("traceparent"))
 
 
-class _Streams:
+class _Streams(RedisQueues):
     def __init__(self, client: redis.Redis, url: str) -> None:
-        self.client = client
+        super().__init__(client, f"sqla-outbox-test-{uuid.uuid4().hex[:10]}-", read_stream)
         self.url = self.cli_url = url
-        self.prefix = f"sqla-outbox-test-{uuid.uuid4().hex[:10]}"
-
-    def queue(self, label: str) -> str:
-        return f"{self.prefix}-{label}"
-
-    def refused_queue(self) -> str:
-        name = self.queue(f"refused-{uuid.uuid4().hex[:6]}")
-        self.client.set(name, "not a stream")
-        return name
-
-    def accept(self, queue: str) -> None:
-        self.client.delete(queue)
-
-    def received(self, queue: str, count: int = 0) -> list[Delivery]:
-        return wait_for(lambda: read_stream(self.client, queue), count, f"stream {queue!r}")
-
-    def clean(self) -> None:
-        for key in self.client.scan_iter(match=f"{self.prefix}-*"):
-            self.client.delete(key)
-
-
-class _PrivateRedis:
-    def __init__(self, server: throwaway.BrokerProcess) -> None:
-        self.server = server
-        self.url = f"redis://127.0.0.1:{server.port}/0?socket_timeout=1"
-        self.before: dict[str, list[Delivery]] = {}
-
-    def queue(self, label: str) -> str:
-        self.before.setdefault(label, [])
-        return label
-
-    def received(self, queue: str, count: int = 0) -> list[Delivery]:
-        return wait_for(lambda: self.before[queue] + self._read(queue), count, f"{queue!r}")
-
-    def stop(self) -> None:
-        for queue in self.before:  # this Redis keeps nothing across a restart
-            self.before[queue] += self._read(queue)
-        self.server.stop()
-
-    def start(self) -> None:
-        self.server.start()
-
-    def _read(self, queue: str) -> list[Delivery]:
-        with redis.Redis(port=self.server.port, decode_responses=True, socket_timeout=3) as client:
-            return read_stream(client, queue)
 
 
 class RedisAdapter(BrokerAdapter):
@@ -132,9 +88,10 @@ class RedisAdapter(BrokerAdapter):
         return f"redis://:{PASSWORD}@127.0.0.1:{port}/0?socket_timeout=1"
 
     @contextmanager
-    def restartable(self, workdir: Path) -> Iterator[_PrivateRedis]:
+    def restartable(self, workdir: Path) -> Iterator[PrivateRedis]:
         with throwaway.redis_server(workdir) as server:
-            yield _PrivateRedis(server)
+            url = f"redis://127.0.0.1:{server.port}/0?socket_timeout=1"
+            yield PrivateRedis(server, url, read_stream, decode=True)
 
 
 ADAPTER = RedisAdapter()
