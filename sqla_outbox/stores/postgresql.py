@@ -80,7 +80,10 @@ class PostgresStore(SqlStore):
             unparked = claimed.unparked
             claimed = self._claim_with(token, None, params, fast=False)
             claimed.unparked += unparked
-        self._crowded = claimed.crowded
+        # Stay on the full claim while the outbox is crowded, unless this claim parked every
+        # row it had to leave: what crowded it was stuck rows before them, now out of the way.
+        parked_all = 0 < claimed.held == claimed.parked
+        self._crowded = claimed.crowded and not parked_all
         return claimed
 
     def _claim_with(
@@ -91,7 +94,7 @@ class PostgresStore(SqlStore):
         if carried is not None:
             carries = "mark" if carried.mark_only else "settle"
             params = {**params, **self._write_params(carried, "previous_token", "previous_ids")}
-            header += 2 if carried.mark_only else 5
+            header += 2 if carried.mark_only else 6
         with self._transaction(statements=1) as conn:
             rows = self._rows(self._execute(conn, self._claims[fast, carries], params))
         counts = rows[0]
