@@ -46,6 +46,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.sql.elements import BindParameter
@@ -740,8 +741,8 @@ def mark_and_claim_stmt(
 
     ``settle=True`` (``order="key"`` only) carries a whole write-back instead: the mark, the
     failed rows charged and the rows they held back parked, as :func:`settle_stmt` (same
-    parameters, fenced on ``:previous_token``), plus ``:kept_ids``, the previous claim's rows it
-    leaves unpublished. A pass with a failure then costs no statement of its own.
+    parameters, fenced on ``:previous_token``); its ``:handed_ids`` are the previous claim's
+    rows it leaves unpublished. A pass with a failure then costs no statement of its own.
 
     All parts see the same snapshot, in which the previous claim's rows are still stamped
     ``:previous_token`` and unpublished. So the claim skips them (a lease that lapsed would
@@ -762,7 +763,7 @@ def mark_and_claim_stmt(
     token: BindParameter[Any] = bindparam("previous_token")
     if settle:
         counts = _write_back("previous_token", "previous_ids")
-        return _postgresql_claim(order, _Previous(token, _few("kept_ids")), counts, fast=fast)
+        return _postgresql_claim(order, _Previous(token, _few("handed_ids")), counts, fast=fast)
     marked, unparked = _mark_ctes("postgresql", "previous_token", "previous_ids")
     counts = [
         select(func.count()).select_from(marked).scalar_subquery().label("marked"),
@@ -936,72 +937,97 @@ def fail_stmt(dialect: str) -> Update:
 def settle_stmt() -> Select[Any]:
     """PostgreSQL: write back a whole pass in one autocommit statement, fenced on ``:token``.
 
-    Marks ``:ids`` published (unparking what they held back, as :func:`mark_published_stmt`),
-    charges the failed rows (``:failed_ids`` with their ``:errors``, ``:delays`` and ``:deads``,
-    as :func:`fail_stmt`), and hands back ``:released_ids`` and, parked, ``:held_ids`` (as
-    :func:`release_stmt`). One round trip instead of a transaction of four statements for every
-    pass with a failure. Returns the counts ``marked``, ``unparked``, ``charged``,
-    ``released``, ``held_back``.
+    Marks ``:ids`` published (unparking what they held back, as :func:`mark_published_stmt`)
+    and hands back the rest of the claim, ``:handed_ids``, with one UPDATE: a row with an
+    ``:errors`` entry is charged (with its ``:delays`` and ``:deads`` entries, as
+    :func:`fail_stmt`), the others are released, parked where ``:parks`` says so (held back
+    by a failure, as :func:`release_stmt`). The unclaimed rows after a charged or parked row
+    of its transaction are parked too (:func:`_behind`). One round trip instead of a
+    transaction of four statements for every pass with a failure. Returns the counts
+    ``marked``, ``unparked``, ``charged``, ``released``, ``held_back``, ``parked_behind``.
     """
     return select(*_write_back("token", "ids"))
 
 
 def _write_back(token: str, ids: str) -> list[Any]:
-    """The counts of a pass's write-back (:func:`settle_stmt`) done by data-modifying CTEs."""
+    """The counts of a pass's write-back (:func:`settle_stmt`) done by data-modifying CTEs.
+
+    Everything the pass hands back is one UPDATE (and so one table modification in the plan,
+    each of which costs the statement's start-up), from the claim's rows (fenced on the token)
+    and the rows :func:`_behind` locked (unclaimed).
+    """
     t = outbox_table
     now = func.now()
     marked, unparked = _mark_ctes("postgresql", token, ids)
-    failures = (
+    handed = (
         func.unnest(
-            _few("failed_ids"),
+            _few("handed_ids"),
             _few("errors", Text()),
             _few("delays", Interval()),
             _few("deads", Boolean()),
+            _few("parks", Boolean()),
         )
-        .table_valued("id", "error", "delay", "dead")
-        .render_derived(name="failure")
+        .table_valued("id", "error", "delay", "dead", "park")
+        .render_derived(name="handed")
     )
-    charged = (
+    fence = bindparam(token, type_=t.c.claimed_by.type)
+    behind = _behind(handed)
+    targets = union_all(
+        select(*handed.c, fence.label("fence")),
+        select(
+            behind.c.id,
+            null().label("error"),
+            null().label("delay"),
+            null().label("dead"),
+            true().label("park"),
+            null().label("fence"),
+        ),
+    ).subquery("target")
+    charging = targets.c.error.is_not(None)
+    written = (
         update(t)
-        .where(t.c.id == failures.c.id, _fenced(token))
+        .where(
+            t.c.id == targets.c.id,
+            _unpublished(),
+            t.c.claimed_by.is_not_distinct_from(targets.c.fence),
+        )
         .values(
             claimed_by=null(),
             claimed_at=null(),
-            attempts=t.c.attempts + 1,
-            last_error=failures.c.error,
-            retry_at=case((failures.c.dead, null()), else_=now + failures.c.delay),
-            dead_at=case((failures.c.dead, now), else_=null()),
+            attempts=t.c.attempts + case((charging, 1), else_=0),
+            last_error=func.coalesce(targets.c.error, t.c.last_error),
+            retry_at=case(
+                (~charging, t.c.retry_at),
+                (targets.c.dead, null()),
+                else_=now + targets.c.delay,
+            ),
+            dead_at=case((~charging, t.c.dead_at), (targets.c.dead, now), else_=null()),
+            parked=targets.c.park,
         )
-        .returning(t.c.id)
-        .cte("charged")
+        .returning(
+            charging.label("charged"),
+            targets.c.park,
+            targets.c.fence.is_(None).label("behind"),
+        )
+        .cte("written")
     )
 
-    def release(name: str, park: bool) -> Any:
-        return (
-            update(t)
-            .where(_fenced(token), _among_few(name))
-            .values(claimed_by=null(), claimed_at=null(), parked=park)
-            .returning(t.c.id)
-            .cte(name.removesuffix("_ids"))
-        )
+    def count(part: Any, *where: ColumnElement[bool]) -> Any:
+        return select(func.count()).select_from(part).where(*where).scalar_subquery()
 
-    parts = (
-        marked,
-        unparked,
-        charged,
-        release("released_ids", False),
-        release("held_ids", True),
-        _park_behind(),
-    )
-    names = ("marked", "unparked", "charged", "released", "held_back", "parked_behind")
     return [
-        select(func.count()).select_from(part).scalar_subquery().label(name)
-        for part, name in zip(parts, names, strict=True)
+        count(marked).label("marked"),
+        count(unparked).label("unparked"),
+        count(written, written.c.charged).label("charged"),
+        count(written, ~written.c.charged, ~written.c.park).label("released"),
+        count(written, written.c.park, ~written.c.behind).label("held_back"),
+        count(written, written.c.behind).label("parked_behind"),
     ]
 
 
-def _park_behind() -> Any:
-    """Park the unclaimed rows after a charged or held-back row of its transaction.
+def _behind(handed: Any) -> Any:
+    """The unclaimed rows after a charged or held-back row (of ``handed``) of its transaction,
+    locked: the write-back parks them.
 
     They wait for it whichever claim meets them, and a claim that met them would find a stuck
     row before its candidates and hand over to the full claim only to park them (a pass ends
@@ -1011,29 +1037,20 @@ def _park_behind() -> Any:
     are left to the claims, a key may have thousands.
     """
     t = outbox_table
-    kept, row = t.alias("stuck_row"), t.alias("behind")
-    stuck = or_(
-        _among_few("failed_ids", kept),
-        _among_few("held_ids", kept),
-    )
-    behind = (
+    stuck, row = t.alias("stuck_row"), t.alias("later_row")
+    return (
         select(row.c.id)
-        .join(kept, and_(row.c.staged_at == kept.c.staged_at, row.c.id > kept.c.id))
+        .join(stuck, and_(row.c.staged_at == stuck.c.staged_at, row.c.id > stuck.c.id))
+        .join(handed, stuck.c.id == handed.c.id)
         .where(
-            stuck,
+            or_(handed.c.error.is_not(None), handed.c.park),
             _unpublished(row),
             row.c.claimed_by.is_(None),
             row.c.dead_at.is_(None),
             ~row.c.parked,
         )
         .with_for_update(of=row, skip_locked=True)
-    )
-    return (
-        update(t)
-        .where(t.c.id.in_(behind))
-        .values(parked=True)
-        .returning(t.c.id)
-        .cte("parked_behind")
+        .cte("behind")
     )
 
 

@@ -502,7 +502,7 @@ class ClaimKinds:
         event.listen(engine, "before_cursor_execute", self._seen)
 
     def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        settles = "charged AS" in statement
+        settles = "written AS" in statement
         if "candidates AS" in statement:
             kind = "full" if "held_staged_at" in statement else "fast"
             self.sent.append(f"{kind}+settle" if settles else kind)
@@ -753,7 +753,7 @@ def test_the_claim_carrying_a_failed_pass_keeps_a_generic_plan(
         write_back, _dead = relay._statements.write_back(claimed, outcome)
         return write_back
 
-    generic, custom = _claims_with_plans(pg_engine, make_relay, one_failure, "%charged AS%")
+    generic, custom = _claims_with_plans(pg_engine, make_relay, one_failure, "%written AS%")
     assert generic > custom, f"{generic} generic and {custom} custom plans"
 
 

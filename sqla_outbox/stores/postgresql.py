@@ -132,15 +132,15 @@ class PostgresStore(SqlStore):
         if write_back.mark_only:
             return params
         failures = write_back.failures
-        failed_ids = [f["failed_id"] for f in failures]
+        others = [*write_back.released, *write_back.held]
+        unset = [None] * len(others)
         params.update(
-            failed_ids=failed_ids,
-            errors=[f["error"] for f in failures],
-            delays=[f["delay"] for f in failures],
-            deads=[f["dead"] for f in failures],
-            released_ids=write_back.released,
-            held_ids=write_back.held,
-            kept_ids=[*failed_ids, *write_back.released, *write_back.held],
+            handed_ids=[*(f["failed_id"] for f in failures), *others],
+            errors=[*(f["error"] for f in failures), *unset],
+            delays=[*(f["delay"] for f in failures), *unset],
+            deads=[*(f["dead"] for f in failures), *unset],
+            parks=[False] * (len(failures) + len(write_back.released))
+            + [True] * len(write_back.held),
         )
         return params
 
