@@ -152,7 +152,7 @@ def _few(name: str, item_type: Any = None) -> ColumnElement[Any]:
     """PostgreSQL: array parameter ``name`` (of ids unless ``item_type``), its length hidden from
     the planner.
 
-    A failed pass's write-back names a handful of rows (failed, held back, handed back). A
+    A failed pass's write-back names a handful of rows (failed, held back, released). A
     custom plan reads the arrays' lengths and prices those parts far below the generic plan,
     which assumes ten elements each, so PostgreSQL kept planning the prepared claim afresh:
     1.7 ms of a 5 ms pass, on a third of them. Read through a one-row subquery, the arrays
@@ -161,14 +161,6 @@ def _few(name: str, item_type: Any = None) -> ColumnElement[Any]:
     """
     array = ARRAY(outbox_table.c.id.type if item_type is None else item_type)
     return cast(select(bindparam(name, type_=array)).scalar_subquery(), array)
-
-
-def _among_few(name: str, table: Any = None) -> ColumnElement[bool]:
-    """PostgreSQL: ``table``'s ``id`` is one of the ids of :func:`_few` parameter ``name``."""
-    matches: ColumnElement[bool] = (outbox_table if table is None else table).c.id == any_(
-        _few(name)
-    )
-    return matches
 
 
 def _inline(name: str) -> BindParameter[int]:
