@@ -963,7 +963,7 @@ def _write_back(token: str, ids: str) -> list[Any]:
         .render_derived(name="handed")
     )
     fence = bindparam(token, type_=t.c.claimed_by.type)
-    behind = _behind(handed)
+    behind = _behind(handed, fence)
     targets = union_all(
         select(*handed.c, fence.label("fence")),
         select(
@@ -1017,9 +1017,10 @@ def _write_back(token: str, ids: str) -> list[Any]:
     ]
 
 
-def _behind(handed: Any) -> Any:
+def _behind(handed: Any, fence: BindParameter[Any]) -> Any:
     """The unclaimed rows after a charged or held-back row (of ``handed``) of its transaction,
-    locked: the write-back parks them.
+    locked: the write-back parks them. Only while that row is still in the claim (``fence``):
+    a relay that lost its claim writes nothing, here as everywhere.
 
     They wait for it whichever claim meets them, and a claim that met them would find a stuck
     row before its candidates and hand over to the full claim only to park them (a pass ends
@@ -1036,6 +1037,8 @@ def _behind(handed: Any) -> Any:
         .join(handed, stuck.c.id == handed.c.id)
         .where(
             or_(handed.c.error.is_not(None), handed.c.park),
+            stuck.c.claimed_by == fence,
+            _unpublished(stuck),
             _unpublished(row),
             row.c.claimed_by.is_(None),
             row.c.dead_at.is_(None),

@@ -674,6 +674,37 @@ def test_the_write_back_skips_a_row_another_claim_has_locked(
     assert broker.published[4:] == ["t0", "t1", "t2", "t3"]
 
 
+def test_a_lost_claims_failed_pass_writes_nothing(
+    pg_engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stalled claimant: relay A claims the first two rows of a transaction, its lease lapses
+    and relay B takes them. A's write-back for a pass that failed the first and held back the
+    second is fenced off whole: nothing charged, nothing handed back, and none of the
+    transaction's later rows parked (the parking follows only a failure still in the claim)."""
+    caplog.set_level(logging.WARNING, logger="sqla_outbox")
+    stage_each(pg_engine, ((f"t{n}", None) for n in range(4)), per_transaction=4)
+    relay = make_relay(pg_engine, Broker(), batch_size=2, relay_id="A")
+    store = relay._statements
+    claimed = store.claim("A:1", None)
+    first, second = claimed.messages
+    with pg_engine.begin() as conn:  # the lease lapsed and relay B claimed the rows
+        conn.execute(
+            update(Row)
+            .where(Row.id.in_([first.id, second.id]))
+            .values(claimed_by="B:1", claimed_at=dt.datetime.now(dt.timezone.utc))
+        )
+    outcome = PassOutcome(failed=[(first, RuntimeError("refused"))], held_back=[second])
+    write_back, _dead = store.write_back(claimed, outcome)
+    store.write(write_back)
+    store.drop_connection()
+    state = rows(pg_engine)
+    assert state["t0"].attempts == 0 and state["t0"].claimed_by == "B:1"
+    assert state["t1"].claimed_by == "B:1" and not state["t1"].parked
+    assert not state["t2"].parked and not state["t3"].parked
+    lost = [r.getMessage() for r in caplog.records if "relay.claim_lost" in r.getMessage()]
+    assert any("action=charge" in line and "touched=0" in line for line in lost), lost
+
+
 def test_a_strict_relay_settles_a_failed_pass_on_its_own(
     pg_engine: Engine, make_relay: MakeRelay
 ) -> None:
