@@ -607,6 +607,9 @@ def test_a_failed_pass_writes_back_with_the_next_claim_which_takes_nothing_it_ho
     # The fast claim writes the pass back and finds the failed row sharing key K with a
     # candidate: crowded, so the full claim follows in the same pass.
     assert kinds.sent[1:3] == ["fast+settle", "full"]
+    # The full claim parked the only row it left (k, behind the failed row's key): nothing
+    # crowds any more, and the next claim is the fast one again.
+    assert kinds.sent[3] == "fast"
     state = rows(pg_engine)
     assert state["a0"].attempts == 1 and state["a0"].retry_at is not None
     assert state["a1"].parked and state["a2"].parked
