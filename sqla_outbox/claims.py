@@ -79,3 +79,9 @@ class Claimed:
     """Something before the claimed rows was not claimable (see ``queries.claim_stmt``)."""
     taken_at: float = field(default_factory=time.monotonic)
     """When the claim came back (``time.monotonic()``); its lease runs from about then."""
+
+    @property
+    def held_unparked(self) -> int:
+        """Rows it had to leave that it did not park: they stay in the claim's index, held by
+        rows in flight, and fill the next window again (parked rows left the index)."""
+        return max(self.held - self.parked, 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import (
@@ -223,11 +224,21 @@ class _Previous:
         transaction (:func:`_write_back`), which this statement's snapshot does not show yet:
         the claim leaves such rows alone and counts them as stuck, not in flight.
         """
-        assert self.kept is not None
-        kept_row = outbox_table.alias()
-        of_kept = select(kept_row.c.staged_at).where(kept_row.c.id == any_(self.kept))
-        kept: ColumnElement[bool] = table.c.staged_at.in_(of_kept)
+        kept: ColumnElement[bool] = table.c.staged_at.in_(
+            select(self._kept_transactions.c.staged_at)
+        )
         return kept
+
+    @cached_property
+    def _kept_transactions(self) -> Any:
+        """The kept rows' transactions, read once per statement for every part that asks."""
+        assert self.kept is not None
+        kept_row = outbox_table.alias("kept_row")
+        return (
+            select(kept_row.c.staged_at)
+            .where(kept_row.c.id == any_(self.kept))
+            .cte("kept_transactions")
+        )
 
 
 def _holding(table: Any, dialect: str, previous: _Previous | None) -> list[ColumnElement[bool]]:

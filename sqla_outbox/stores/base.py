@@ -124,12 +124,10 @@ class SqlStore:
             claimed = self._claim_once(token, carried, self._claim_params(token))
             carried = None
             progressed = claimed.parked or claimed.unparked
-            # Rows it parked leave the claim's index: a claim that took rows widens only for the
-            # rest, which will fill the next window again. One that took nothing widens for all
-            # (a backlog parked behind dead letters is parked a wider window at a time).
-            held = claimed.held
-            if claimed.messages:
-                held = max(held - claimed.parked, 0)
+            # A claim that took rows widens only for those it left unparked; one that took
+            # nothing widens for all (a backlog parked behind dead letters is parked a wider
+            # window at a time).
+            held = claimed.held_unparked if claimed.messages else claimed.held
             self._window = next_window(self._window, self._batch_size, held)
             if claimed.messages or not (claimed.held or progressed):
                 return claimed

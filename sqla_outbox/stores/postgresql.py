@@ -82,7 +82,7 @@ class PostgresStore(SqlStore):
             claimed.unparked += unparked
         # Stay on the full claim while the outbox is crowded, unless this claim parked every
         # row it had to leave: what crowded it was stuck rows before them, now out of the way.
-        parked_all = 0 < claimed.held == claimed.parked
+        parked_all = claimed.held > 0 and not claimed.held_unparked
         self._crowded = claimed.crowded and not parked_all
         return claimed
 
