@@ -47,7 +47,6 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
-    union,
     union_all,
     update,
 )
@@ -785,30 +784,13 @@ def _mark_ctes(dialect: str, token: str, ids: str) -> tuple[Any, Any]:
         .returning(t.c.id, t.c.staged_at, t.c.ordering_key)
         .cte("marked")
     )
-
-    def parked_with(column: str) -> Select[Any]:
-        # A join per column probes the parked rows' index once per marked transaction (and
-        # key), and ``= ANY(ARRAY(...))`` finds what they return by primary key. As one OR of
-        # two IN (SELECT ...) tests, the unpark read every parked row on every mark: with
-        # 10,000 rows parked behind a dead letter, a drain's passes took half as long again.
-        # Marked rows without a key probe nothing: a key parked whole behind a dead letter
-        # makes the planner expect any key to match them all, and read them all.
-        row = t.alias(f"parked_by_{column}")
-        return (
-            select(row.c.id)
-            .join(marked, row.c[column] == marked.c[column])
-            .where(marked.c[column].is_not(None), row.c.parked)
-        )
-
     unparked = (
         update(t)
         .where(
             t.c.parked,
-            t.c.id
-            == any_(
-                func.array(
-                    union(parked_with("staged_at"), parked_with("ordering_key")).scalar_subquery()
-                )
+            or_(
+                t.c.staged_at.in_(select(marked.c.staged_at)),
+                t.c.ordering_key.in_(select(marked.c.ordering_key)),
             ),
         )
         .values(parked=False)

@@ -25,7 +25,6 @@ from sqlalchemy.orm import Session
 from support import REPO, MakeRelay, cli_env, expire_backoffs, recorded_ids, url_of, wait_until
 
 import sqla_outbox as outbox
-from sqla_outbox import queries
 from sqla_outbox.claims import WriteBack
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishing import PassOutcome
@@ -790,46 +789,6 @@ def test_the_claim_carrying_a_failed_pass_keeps_a_generic_plan(
 
     generic, custom = _claims_with_plans(pg_engine, make_relay, one_failure, "%written AS%")
     assert generic > custom, f"{generic} generic and {custom} custom plans"
-
-
-def test_a_mark_reads_only_the_parked_rows_of_its_transactions_and_keys(
-    pg_engine: Engine,
-) -> None:
-    """2,000 rows parked behind a dead letter of key K; a mark of one unrelated message must
-    find what it unparks through the parked rows' indexes, not by reading every parked row
-    (it did: with 10,000 rows parked, a drain's passes took half as long again)."""
-    stage_each(pg_engine, [("dead", "K")])
-    stage_each(pg_engine, ((f"held{n}", "K") for n in range(2000)), per_transaction=100)
-    [free] = stage_each(pg_engine, [("free", None)])
-    now = dt.datetime.now(dt.timezone.utc)
-    with pg_engine.begin() as conn:
-        conn.execute(update(Row).where(Row.job == "dead").values(attempts=3, dead_at=now))
-        conn.execute(update(Row).where(Row.job.like("held%")).values(parked=True))
-        conn.execute(update(Row).where(Row.id == free.id).values(claimed_by="A:1", claimed_at=now))
-    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("ANALYZE outbox")
-    # The relay's plan: generic, as for its prepared statements (the mark runs every pass).
-    compiled = queries.mark_published_stmt("postgresql").compile(dialect=pg_engine.dialect)
-    sql = str(compiled).replace("%(token)s", "$1").replace("%(ids)s", "$2")
-    for name, value in compiled.params.items():
-        sql = sql.replace(f"%({name})s", repr(value).lower())
-    with pg_engine.begin() as conn:
-        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.exec_driver_sql(f"PREPARE mark_rows(text, uuid[]) AS {sql}")
-        [[plan]] = conn.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mark_rows('A:1', '{{{free.id}}}')"
-        ).all()
-        conn.rollback()
-
-    def rows_read(node: dict[str, Any]) -> int:
-        """Rows the plan's scans of the outbox read, kept or filtered out."""
-        read = 0
-        if node.get("Relation Name") == "outbox" and node["Node Type"].endswith("Scan"):
-            kept = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
-            read = kept + node.get("Rows Removed by Filter", 0)
-        return read + sum(map(rows_read, node.get("Plans", [])))
-
-    assert rows_read(plan[0]["Plan"]) < 100  # it read all 2,000 parked rows
 
 
 def test_a_stuck_row_parks_only_what_comes_after_it(engine: Engine, make_relay: MakeRelay) -> None:
