@@ -487,7 +487,8 @@ class Relay:
         While LISTEN is up, every commit wakes the relay, so the loop only has to come back for
         what no commit announces: a ``run_at`` or a retry backoff coming due, a claim's lease
         lapsing, parked rows to sweep. One statement finds the earliest of those, and the loop
-        sleeps until then (at most :data:`IDLE_MAX`, and half the liveness bound).
+        sleeps until then (at most :data:`IDLE_MAX`, and half the liveness bound), at least
+        ``poll_interval`` only when what it found is due already.
         """
         listener = self._listener
         if listener is None or not listener.listening.is_set():
@@ -502,6 +503,11 @@ class Relay:
             wait = min(wait, due_in)
         if parked:
             wait = min(wait, SWEEP_INTERVAL)
+        if due_in:
+            # Something comes due at a known instant (a backoff ending, a scheduled row): wake
+            # then, even sooner than poll_interval, or a retry waits a poll it need not.
+            return wait
+        # Due now yet the claim just left it (held back, or another relay's): poll, not spin.
         return max(wait, self.poll_interval)
 
     def _sweep(self) -> bool:
