@@ -93,8 +93,8 @@ class LibraryClaim:
     What :class:`sqla_outbox.claims.ClaimStatements` does for a claim without a pending mark:
 
     * the statement of :func:`sqla_outbox.queries.claim_stmt`, compiled once by
-      :func:`sqla_outbox.driver_sql.precompile` and sent with ``exec_driver_sql``, its rows read
-      as psycopg tuples from the cursor;
+      :func:`sqla_outbox.driver_sql.precompile` and sent by
+      :func:`~sqla_outbox.driver_sql.execute`, its rows read as psycopg tuples from the cursor;
     * on one autocommit connection held across claims, with ``SET jit = off`` run on it once
       (the relay's held connection does the same: the claim's cost estimate crosses
       ``jit_above_cost`` at a window of about 1,000 rows, and JIT compilation then costs more
@@ -138,7 +138,7 @@ class LibraryClaim:
         params = claim.params(
             {"limit": self.batch, "window": self.window, "lease": LEASE, "token": token}
         )
-        result = self.conn.exec_driver_sql(claim.text(params), params)
+        result = driver_sql.execute(self.conn, claim, params)
         rows = result.cursor.fetchall()  # type: ignore[union-attr]
         result.close()
         return rows

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 
 import sqla_outbox as outbox
@@ -219,12 +220,15 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     ``crowded``, then the message columns), until a claim comes back empty. Nothing is held
     back here, so the relay sends only its fast statements (``queries.claim_stmt``); a claim
     that found the outbox crowded would make this arm measure something else, and stops it.
-    The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does.
+    The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does,
+    and sends the numbered SQL through a ``RawCursor``, as the relay does (driver_sql.execute).
     """
     claim, merged = _library_sql(ctx)
     lease = dt.timedelta(seconds=30)
     with ctx.raw() as conn:
         conn.execute(b"SET jit = off")
+        driver_sql.send_arrays_binary(conn)
+        cursor = psycopg.RawCursor(conn)
         published = 0
         previous: dict[str, Any] = {}
         start = time.perf_counter()
@@ -235,7 +239,8 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
                 {**previous, "limit": batch_size, "lease": lease, "token": token}
             )
             header = 5 if previous else 3
-            rows = conn.execute(statement.text(params).encode(), params).fetchall()
+            sql = statement.text(params, numbered=True)  # as the relay sends it
+            rows = cursor.execute(sql.encode(), statement.values(params)).fetchall()
             if rows[0][header - 1]:
                 raise RuntimeError("the library-SQL arm found the outbox crowded")
             rows = [row[header:] for row in rows] if rows[0][header] is not None else []

@@ -2,8 +2,9 @@
 
 Everything driver-specific the library does lives here:
 
-* Every relay statement is compiled once and sent as driver SQL (:mod:`sqla_outbox.driver_sql`)
-  with psycopg's own parameter adaptation, and the claim's rows are read straight from the
+* Every relay statement is compiled once and sent as numbered driver SQL through a
+  ``RawCursor`` (:func:`sqla_outbox.driver_sql.execute`) with psycopg's own parameter
+  adaptation, and the claim's rows are read straight from the
   cursor (uuid, jsonb -> dict, timestamptz): the claim is the one statement whose rows are many,
   and SQLAlchemy's per-value processing was a fifth of a drain's time.
 * The staging INSERT of an enqueuing transaction goes the same way (:func:`insert_staged`).
@@ -58,7 +59,7 @@ class PsycopgStore(PostgresStore):
         precompiled = self._precompiled.get(id(statement))
         if precompiled is None:
             return conn.execute(statement, params)
-        return conn.exec_driver_sql(precompiled.text(params), precompiled.params(params))
+        return driver_sql.execute(conn, precompiled, params)
 
 
 _stage_sql: weakref.WeakKeyDictionary[Dialect, driver_sql.Precompiled]

@@ -310,3 +310,39 @@ def test_sqlite_statements_use_the_relays_clock() -> None:
         sql = compiled(stmt, "sqlite")
         assert "FOR UPDATE" not in sql and "now()" not in sql
     assert "RETURNING" in compiled(queries.claim_stmt("sqlite"), "sqlite")
+
+
+def test_numbered_sql_numbers_each_parameter_once() -> None:
+    """psycopg's own conversion, done once: a name used twice keeps its number, ``%%`` is a
+    ``%`` again, and ``%(name)b`` (binary) becomes a plain number too."""
+    assert driver_sql._numbered("a %% b %(x)s %(y)b %(x)s") == ("a % b $1 $2 $1", ("x", "y"))
+
+
+def test_numbered_claims_send_every_parameter_in_order() -> None:
+    """The claim carrying a whole write-back, as the relay sends it numbered: no named
+    placeholder is left, each number has its value in :meth:`values`, the claim's UUID
+    arrays travel binary and the statement's own constants are filled in."""
+    dialect = DIALECTS["postgresql"]
+    precompiled = driver_sql.precompile(queries.mark_and_claim_stmt(settle=True), dialect)
+    params = {
+        "limit": 100,
+        "window": 100,
+        "lease": None,
+        "token": "t",
+        "previous_token": "p",
+        "previous_ids": [],
+        "handed_ids": [],
+        "errors": [],
+        "delays": [],
+        "deads": [],
+        "parks": [],
+    }
+    sql = precompiled.text(params, numbered=True)
+    assert "%(" not in sql
+    numbers = {int(n) for n in re.findall(r"\$(\d+)", sql)}
+    values = precompiled.values(params)
+    assert numbers == set(range(1, len(values) + 1))
+    assert {"previous_ids", "handed_ids"} <= precompiled.binary
+    for name, value in zip(precompiled.names, values, strict=True):
+        assert isinstance(value, driver_sql._BinaryArray) == (name in precompiled.binary)
+        assert value == params.get(name, precompiled.constants.get(name))
