@@ -4,10 +4,11 @@ Everything driver-specific the library does lives here:
 
 * Every relay statement is compiled once and sent as numbered driver SQL through a
   ``RawCursor`` (:func:`sqla_outbox.driver_sql.execute`) with psycopg's own parameter
-  adaptation, and the claim's rows are read straight from the
-  cursor (uuid, jsonb -> dict, timestamptz): the claim is the one statement whose rows are many,
-  and SQLAlchemy's per-value processing was a fifth of a drain's time.
-* The staging INSERT of an enqueuing transaction goes the same way (:func:`insert_staged`).
+  adaptation, and the claim's rows are read straight from the cursor (uuid, jsonb -> dict,
+  timestamptz): the claim is the one statement whose rows are many, and SQLAlchemy's per-value
+  processing was a fifth of a drain's time.
+* The staging INSERT of an enqueuing transaction is compiled once and sent as driver SQL too
+  (:func:`insert_staged`); it is short enough for psycopg's own cache of converted queries.
 * An idle relay LISTENs for the commit trigger's notifications (:mod:`sqla_outbox.listener`).
 
 None of it applies under a ``schema_translate_map`` (a string compiled in advance would name the

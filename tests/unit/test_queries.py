@@ -315,7 +315,8 @@ def test_sqlite_statements_use_the_relays_clock() -> None:
 def test_numbered_sql_numbers_each_parameter_once() -> None:
     """psycopg's own conversion, done once: a name used twice keeps its number, ``%%`` is a
     ``%`` again, and ``%(name)b`` (binary) becomes a plain number too."""
-    assert driver_sql._numbered("a %% b %(x)s %(y)b %(x)s") == ("a % b $1 $2 $1", ("x", "y"))
+    numbered = driver_sql._numbered("a %% b %(x)s %(y)b %(x)s")
+    assert numbered == ("a % b $1 $2 $1", ("x", "y"), frozenset({"y"}))
 
 
 def test_numbered_claims_send_every_parameter_in_order() -> None:
