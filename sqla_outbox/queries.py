@@ -471,7 +471,12 @@ def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: st
 
 
 def _claim_plan(
-    dialect: str, order: str, previous: _Previous | None, *, locked: bool = False
+    dialect: str,
+    order: str,
+    previous: _Previous | None,
+    *,
+    locked: bool = False,
+    whole: bool = False,
 ) -> tuple[Select[Any], Any, Any, Any]:
     """What a claim takes, parks and leaves: ``(claim ids, park ids, excluded CTE, gate CTE)``.
 
@@ -575,7 +580,46 @@ def _claim_plan(
         .order_by(candidates.c.staged_at, candidates.c.id)
         .limit(_inline("limit"))
     )
+    if whole:
+        taken = claim.add_columns(candidates.c.staged_at).cte("taken")
+        claim = select(taken.c.id).where(_whole_transactions(taken))
     return claim, park, excluded, gate
+
+
+def _whole_transactions(rows: Any) -> ColumnElement[bool]:
+    """For each of ``rows`` (a claim's, with ``id`` and ``staged_at``): keep it, unless the
+    claim reached ``:limit`` inside a transaction, when that last transaction's rows are left
+    for the next claim (a claim of a single transaction keeps them: it must make progress).
+
+    Two relays that each stop inside a transaction hand each other its rest: the other relay
+    finds it held by rows in flight, takes a full claim around it, and ends inside another
+    transaction in turn. Once one claim split a transaction (SKIP LOCKED meeting the other
+    relay's claim half-locked), every later one did, and two relays drained at 0.6 of one.
+    Claims that end on a transaction's last row keep the relays apart by whole transactions.
+    """
+    t = outbox_table
+    # The claim's last row, found once (each scalar subquery over the rows would sort them).
+    end = (
+        select(rows.c.staged_at, rows.c.id)
+        .order_by(rows.c.staged_at.desc(), rows.c.id.desc())
+        .limit(literal_column("1"))
+        .cte(f"{rows.name}_end")
+    )
+    tail = select(end.c.staged_at).scalar_subquery()
+    last_position = select(end.c.staged_at, end.c.id).scalar_subquery()
+    others = rows.alias("claim_others")
+    later = t.alias("later_in_tail")
+    split = and_(
+        select(func.count()).select_from(rows.alias("claim_size")).scalar_subquery()
+        >= _inline("limit"),
+        exists(select(literal_column("1")).select_from(others).where(others.c.staged_at != tail)),
+        exists(
+            select(literal_column("1")).where(
+                later.c.staged_at == tail, _position(later) > last_position, _unpublished(later)
+            )
+        ),
+    )
+    return or_(rows.c.staged_at != tail, ~split)
 
 
 def _claim_update(dialect: str, claim: Select[Any]) -> Update:
@@ -611,12 +655,13 @@ def _postgresql_claim(
         candidates = _candidates("postgresql", order, previous, "limit")
         gate = _crowded(candidates, "postgresql", previous, "limit")
         crowded = select(gate.c.crowded).scalar_subquery()
-        claimed = _claim_update("postgresql", select(candidates.c.id).where(~crowded)).cte(
-            "claimed"
-        )
+        claimed = _claim_update(
+            "postgresql",
+            select(candidates.c.id).where(~crowded, _whole_transactions(candidates)),
+        ).cte("claimed")
         state: list[Any] = [literal_column("0").label("parked"), literal_column("0").label("held")]
     else:
-        claim, park, excluded, gate = _claim_plan("postgresql", order, previous)
+        claim, park, excluded, gate = _claim_plan("postgresql", order, previous, whole=True)
         parked = (
             update(t).where(t.c.id.in_(park)).values(parked=True).returning(t.c.id).cte("parked")
         )

@@ -216,13 +216,21 @@ def test_publish_failure_is_logged_with_counts(
     assert "broker refused message 2" in line
 
 
-def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: MakeRelay) -> None:
+@pytest.mark.parametrize(
+    ("per_transaction", "batch_size"),
+    [(10, 100), (3, 5)],
+    ids=["batches-of-whole-transactions", "batches-ending-inside-transactions"],
+)
+def test_two_relays_publish_every_row_exactly_once(
+    engine: Engine, make_relay: MakeRelay, per_transaction: int, batch_size: int
+) -> None:
     """Two relays (threads, own connections) over 3,000 rows: each row once, both took part.
 
-    The rows come from 300 transactions of ten; every transaction's rows go out in enqueue
-    order even though the two relays interleave.
+    The rows come from transactions of ten (batches of 100) or of three (batches of 5, which
+    a claim reaches inside a transaction and then leaves whole for the next claim); every
+    transaction's rows go out in enqueue order even though the two relays interleave.
     """
-    ids = stage(engine, 3000, per_transaction=10)
+    ids = stage(engine, 3000 - 3000 % per_transaction, per_transaction=per_transaction)
     both_claimed = threading.Barrier(2, timeout=WAIT)
     lock = threading.Lock()
     seen: list[tuple[str, uuid.UUID]] = []
@@ -243,7 +251,9 @@ def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: M
         return publish
 
     relays = [
-        make_relay(engine, publisher(name), batch_size=100, poll_interval=0.01, relay_id=name)
+        make_relay(
+            engine, publisher(name), batch_size=batch_size, poll_interval=0.01, relay_id=name
+        )
         for name in ("relay-1", "relay-2")
     ]
     for relay in relays:
@@ -260,9 +270,34 @@ def test_two_relays_publish_every_row_exactly_once(engine: Engine, make_relay: M
     # Publication order (the shared list is appended under a lock) keeps each transaction's
     # enqueue order, whichever relay published which row.
     position = {message_id: index for index, (_, message_id) in enumerate(seen)}
-    for start in range(0, len(ids), 10):
-        transaction = ids[start : start + 10]
+    for start in range(0, len(ids), per_transaction):
+        transaction = ids[start : start + per_transaction]
         assert sorted(transaction, key=position.__getitem__) == transaction
+
+
+def test_a_claim_reaching_its_limit_inside_a_transaction_leaves_that_transaction_whole(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Transactions of three, batches of five: each claim takes one whole transaction and
+    leaves the next one for the next claim (it took five rows, then four, before: two relays
+    that each stop inside a transaction hand each other its rest, held by rows in flight)."""
+    ids = stage(pg_engine, 9, per_transaction=3)
+    gate = Gate()
+    relay = make_relay(pg_engine, gate, batch_size=5)
+    assert [relay.tick() for _ in range(4)] == [3, 3, 3, 0]
+    assert [m.id for m in gate.published] == ids
+
+
+def test_a_transaction_larger_than_the_batch_is_still_claimed_in_batches(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A claim whose only transaction is longer than the batch takes a batch of it: leaving
+    the transaction whole is for claims that have another to take instead."""
+    ids = stage(pg_engine, 7)
+    gate = Gate()
+    relay = make_relay(pg_engine, gate, batch_size=5)
+    assert [relay.tick() for _ in range(3)] == [5, 2, 0]
+    assert [m.id for m in gate.published] == ids
 
 
 def test_stale_claimant_cannot_release_another_relays_claim(

@@ -67,7 +67,13 @@ def test_postgresql_claim_locks_parks_and_stamps_in_one_statement() -> None:
     assert "parked AS (UPDATE outbox SET parked=" in sql
     claimed = cte(sql, "claimed")
     assert claimed.startswith("UPDATE outbox SET claimed_by=%(token)s::VARCHAR, claimed_at=now()")
-    assert "ORDER BY candidates.staged_at, candidates.id LIMIT __[POSTCOMPILE_limit]" in claimed
+    assert "(SELECT taken.id FROM taken WHERE" in claimed
+    taken = cte(sql, "taken")
+    assert taken.endswith(
+        "ORDER BY candidates.staged_at, candidates.id LIMIT __[POSTCOMPILE_limit]"
+    )
+    # A claim that reaches its limit inside a transaction leaves that transaction whole.
+    assert "later_in_tail.staged_at = (SELECT taken_end.staged_at FROM taken_end)" in sql
     assert sql.endswith("LEFT OUTER JOIN claimed ON true ORDER BY claimed.staged_at, claimed.id")
 
 
@@ -174,7 +180,7 @@ def test_postgresql_claim_probes_the_primary_key_for_each_claimed_row() -> None:
     """``= ANY(ARRAY(...))``, not ``IN (...)``, so a large batch cannot turn into a table scan;
     the same for every statement that takes the claim's ids."""
     claimed = cte(compiled(queries.claim_stmt("postgresql"), "postgresql"), "claimed")
-    assert "WHERE outbox.id = ANY (array((SELECT candidates.id FROM candidates" in claimed
+    assert "WHERE outbox.id = ANY (array((SELECT taken.id FROM taken" in claimed
     for stmt in (
         queries.mark_published_stmt("postgresql"),
         queries.release_stmt("postgresql"),
