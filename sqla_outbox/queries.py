@@ -499,6 +499,8 @@ def _claim_plan(
       claim's index, so the next claims find due work past them instead of scanning them again;
       the mark that publishes their holder unparks them (:func:`mark_published_stmt`), and a
       periodic sweep (:func:`sweep_parked_stmt`) catches any whose holder went another way.
+    * **Whole** (``whole=True``, PostgreSQL's claims): a claim that reaches ``:limit`` inside a
+      transaction leaves that transaction for the next claim (:func:`_whole_transactions`).
     """
     t = outbox_table
     if locked:
@@ -695,7 +697,8 @@ def claim_stmt(dialect: str, order: str = "key", *, fast: bool = False) -> Selec
     letter, a parked row), takes nothing and answers ``crowded``, and the relay makes the full
     claim. It is the full claim's answer in that case without the per-group and per-key
     guard, the parking and the exclusion it never needs; a relay uses it while its last claim
-    found the outbox uncrowded. Its ``parked`` and ``held`` are 0.
+    found the outbox uncrowded. Its ``parked`` and ``held`` are 0. Both claims end on a
+    transaction's last row when they can (:func:`_whole_transactions`).
 
     On SQLite (no row locks; the relay runs the claim under ``BEGIN IMMEDIATE``, the
     database-wide write lock, after :func:`park_stmt`) it is the plain ``UPDATE ... RETURNING``
