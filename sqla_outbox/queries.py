@@ -349,7 +349,7 @@ def _ends(candidates: Any, name: str, prefix: str) -> Any:
     return select(ranked_rows).where(ranked_rows.c.rn == 1).subquery(f"{prefix}_{name}_ends")
 
 
-def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: str) -> Any:
+def _crowded(candidates: Any, end: Any, dialect: str, previous: _Previous | None, size: str) -> Any:
     """Whether anything may hold a candidate back, as a one-row CTE (column ``crowded``).
 
     A candidate is held by a due, unpublished row of its transaction or key before it that is
@@ -373,12 +373,7 @@ def _crowded(candidates: Any, dialect: str, previous: _Previous | None, size: st
     t = outbox_table
     now = _now(dialect)
 
-    last = (
-        select(candidates.c.staged_at, candidates.c.id)
-        .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
-        .limit(literal_column("1"))
-        .scalar_subquery()
-    )
+    last = select(end.c.staged_at, end.c.id).scalar_subquery()  # end: _last_row(candidates)
     ahead_row = t.alias("ahead")
     # The range scan counts rows in flight elsewhere; the previous claim's kept rows, and the
     # rows of their transactions its write-back parks, are stuck.
@@ -514,7 +509,7 @@ def _claim_plan(
         guarded: list[ColumnElement[bool]] = []
     else:
         candidates = _candidates(dialect, order, previous, "window")
-        gate = _crowded(candidates, dialect, previous, "window")
+        gate = _crowded(candidates, _last_row(candidates), dialect, previous, "window")
         guarded = [select(gate.c.crowded).scalar_subquery()]
 
     def held(name: str, member: Callable[[Any, Any], ColumnElement[bool]]) -> Any:
@@ -584,12 +579,25 @@ def _claim_plan(
     )
     if whole:
         taken = claim.add_columns(candidates.c.staged_at).cte("taken")
-        claim = select(taken.c.id).where(_whole_transactions(taken))
+        claim = select(taken.c.id).where(_whole_transactions(taken, _last_row(taken)))
     return claim, park, excluded, gate
 
 
-def _whole_transactions(rows: Any) -> ColumnElement[bool]:
-    """For each of ``rows`` (a claim's, with ``id`` and ``staged_at``): keep it, unless the
+def _last_row(rows: Any) -> Any:
+    """The last of ``rows`` (a CTE with ``staged_at`` and ``id``) in claim order, as a one-row
+    CTE: every part of a statement that reads it shares one sort of the rows (the gate and the
+    fast claim's whole-transaction test both need the last candidate)."""
+    return (
+        select(rows.c.staged_at, rows.c.id)
+        .order_by(rows.c.staged_at.desc(), rows.c.id.desc())
+        .limit(literal_column("1"))
+        .cte(f"{rows.name}_end")
+    )
+
+
+def _whole_transactions(rows: Any, end: Any) -> ColumnElement[bool]:
+    """For each of ``rows`` (a claim's, with ``id`` and ``staged_at``; ``end`` its
+    :func:`_last_row`): keep it, unless the
     claim reached ``:limit`` inside a transaction, when that last transaction's rows are left
     for the next claim (a claim of a single transaction keeps them: it must make progress).
 
@@ -600,13 +608,6 @@ def _whole_transactions(rows: Any) -> ColumnElement[bool]:
     Claims that end on a transaction's last row keep the relays apart by whole transactions.
     """
     t = outbox_table
-    # The claim's last row, found once (each scalar subquery over the rows would sort them).
-    end = (
-        select(rows.c.staged_at, rows.c.id)
-        .order_by(rows.c.staged_at.desc(), rows.c.id.desc())
-        .limit(literal_column("1"))
-        .cte(f"{rows.name}_end")
-    )
     tail = select(end.c.staged_at).scalar_subquery()
     last_position = select(end.c.staged_at, end.c.id).scalar_subquery()
     others = rows.alias("claim_others")
@@ -655,11 +656,12 @@ def _postgresql_claim(
     t = outbox_table
     if fast:
         candidates = _candidates("postgresql", order, previous, "limit")
-        gate = _crowded(candidates, "postgresql", previous, "limit")
+        end = _last_row(candidates)
+        gate = _crowded(candidates, end, "postgresql", previous, "limit")
         crowded = select(gate.c.crowded).scalar_subquery()
         claimed = _claim_update(
             "postgresql",
-            select(candidates.c.id).where(~crowded, _whole_transactions(candidates)),
+            select(candidates.c.id).where(~crowded, _whole_transactions(candidates, end)),
         ).cte("claimed")
         state: list[Any] = [literal_column("0").label("parked"), literal_column("0").label("held")]
     else:
