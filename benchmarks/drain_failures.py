@@ -63,6 +63,7 @@ from benchmarks.harness import (
     interleave,
     restore_outbox,
 )
+from benchmarks.raw_failures import drain_raw_failing
 
 __all__ = ["FAILING", "POLL_INTERVAL", "RETRY", "run"]
 
@@ -89,6 +90,8 @@ _PER_ROUND = (
 
 FAILS = "ours, 2% fail once"
 CLEAN = "ours, no failures"
+RAW_FAILS = "raw SQL, 2% fail once"
+RAW_CLEAN = "raw SQL, no failures"
 
 
 class _RefusedError(Exception):
@@ -116,7 +119,14 @@ class _Publisher:
     """``perf_counter()`` when 99% of the rows had been published."""
 
     def __call__(self, message: outbox.OutboxMessage) -> None:
-        message_id = message.id
+        self.publish_id(message.id)
+
+    def done(self) -> bool:
+        """Whether every message has been published (at least once)."""
+        return self.everything.is_set()
+
+    def publish_id(self, message_id: uuid.UUID) -> None:
+        """Publish the message ``message_id`` (or refuse its first attempt, if failing)."""
         if message_id in self.failing and message_id not in self.refused:
             self.refused.add(message_id)
             raise _RefusedError("bench: refused once")
@@ -265,14 +275,33 @@ def run(ctx: Context) -> list[Result]:
 
         return run_arm
 
+    raw_rounds: list[_Publisher] = []
+
+    def raw_arm(ids: frozenset[uuid.UUID]) -> Callable[[], float]:
+        def run_arm() -> float:
+            restore_outbox(ctx)
+            publisher = _Publisher(total, ids)
+            seconds = drain_raw_failing(ctx, publisher, BATCH, RETRY)
+            raw_rounds.append(publisher)
+            return len(publisher.distinct) / seconds
+
+        return run_arm
+
     with _counted_events() as events:
         samples = interleave(
-            {FAILS: arm(FAILS, failing, events), CLEAN: arm(CLEAN, frozenset(), events)},
+            {
+                FAILS: arm(FAILS, failing, events),
+                CLEAN: arm(CLEAN, frozenset(), events),
+                RAW_FAILS: raw_arm(failing),
+                RAW_CLEAN: raw_arm(frozenset()),
+            },
             ctx.scale.drain_rounds,
         )
     every = [done for name in rounds for done in rounds[name]]
-    duplicates = sum(done.published - done.distinct for done in every)
-    missing = sum(total - done.distinct for done in every)
+    counted = [(done.published, done.distinct) for done in every]
+    counted += [(raw.published, len(raw.distinct)) for raw in raw_rounds]
+    duplicates = sum(published - distinct for published, distinct in counted)
+    missing = sum(total - distinct for _, distinct in counted)
     per_round: dict[str, Any] = {
         key: {name: [getattr(done, key) for done in rounds[name]] for name in rounds}
         for key in _PER_ROUND
@@ -301,6 +330,23 @@ def run(ctx: Context) -> list[Result]:
             retry_seconds=RETRY,
             **per_round,
         ),
+        # The floor: the same failures isolated by a hand-written relay with none of the
+        # library's machinery (benchmarks.raw_failures), failing against clean, and ours
+        # against it when both fail.
+        compare(
+            "drain, 2% fail once: raw SQL, failing vs clean (the floor)",
+            "rows/s",
+            samples,
+            RAW_FAILS,
+            RAW_CLEAN,
+        ),
+        compare(
+            "drain, 2% fail once: ours vs raw SQL, both failing",
+            "rows/s",
+            samples,
+            FAILS,
+            RAW_FAILS,
+        ),
         Result(
             name="drain, 2% fail once: failed publishes per drain",
             unit="",
@@ -314,7 +360,7 @@ def run(ctx: Context) -> list[Result]:
         # the retries' claims and marks) against the clean arm's claims and marks.
         per_arm("row versions written", "row_updates"),
         Result(
-            name=f"drain, 2% fail once: duplicates over {len(every)} drains",
+            name=f"drain, 2% fail once: duplicates over {len(counted)} drains",
             unit="",
             ours=float(duplicates),
             targets=(Target("ours", "==", 0),),
