@@ -38,7 +38,12 @@ Informative rows, against the steady claim without held rows:
   times and parked rows are in the JSON, with the claims and seconds the parking took);
 * the library's claim against the raw-SQL claim (:data:`benchmarks.drain.RAW_CLAIM`) on the
   database without held rows. The raw claim cannot run on ``<db>_held``: it knows no dead
-  letters and would take them.
+  letters and would take them;
+* the hand-written claim that keeps order by probing instead of parking
+  (:func:`benchmarks.raw_failures.probing_claim` with keys and dead letters, the claim of
+  workload 9's floor), on ``<db>_held`` against itself on ``<db>``: it ignores ``parked`` and
+  reads every held row on every claim, so this is what not parking costs once held rows are
+  many. It must never take a held row (checked on every claim).
 
 The JSON keeps ``EXPLAIN (ANALYZE, BUFFERS)`` of the first claim and of one steady-state claim
 on ``<db>_held`` (both rolled back).
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import secrets
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +68,7 @@ from benchmarks.claim_history import (
     raw_claim,
 )
 from benchmarks.harness import Context, Result, Target, make_engine, recreate_database
+from benchmarks.raw_failures import probing_claim
 
 __all__ = ["BLOCK", "DEAD_LETTERS", "HELD_ROWS", "SAME_TRANSACTION", "held_url", "run"]
 
@@ -106,6 +113,27 @@ FROM (
 its transaction at the same ``staged_at``, then its key's rows a millisecond apart."""
 
 _UNPARK = f"UPDATE outbox SET parked = false WHERE job = '{HELD_JOB}' AND parked"
+
+_PROBING = probing_claim(keys=True, dead=True)
+_JOB = 1  # the claimed rows' columns are queries.MESSAGE_FIELDS: id, job, ...
+
+
+def _probing_claim(side: ClaimSide) -> Callable[[], float]:
+    """The hand-written claim that skips held rows by probing instead of parking them
+    (:func:`benchmarks.raw_failures.probing_claim`, with keys and dead letters), timed alone
+    and followed, untimed, by a mark of its rows; it must never take a held row."""
+
+    def run() -> float:
+        token = f"probe:{secrets.token_hex(8)}"
+        start = time.perf_counter()
+        rows = side.conn.execute(_PROBING, {"token": token, "batch": BATCH}).fetchall()
+        elapsed = time.perf_counter() - start
+        if any(row[_JOB] == HELD_JOB for row in rows):
+            raise RuntimeError("the probing claim took a held row")
+        side.mark([row[0] for row in rows])
+        return elapsed * 1000
+
+    return run
 
 
 def held_url(url: URL) -> URL:
@@ -191,6 +219,8 @@ def run(ctx: Context) -> list[Result]:
         "library, held": held_arm,
         "library, none": library_claim(none),
         "raw SQL, none": raw_claim(none),
+        "probing, held": _probing_claim(held),
+        "probing, none": _probing_claim(none),
     }
     samples: dict[str, list[float]] = {name: [] for name in arms}
     # Each iteration takes BATCH rows per arm; refill while at least half the backlog is left.
@@ -220,6 +250,7 @@ def run(ctx: Context) -> list[Result]:
         held_engine.dispose()
     held_samples, none_samples = samples["library, held"], samples["library, none"]
     raw_samples = samples["raw SQL, none"]
+    probing_held, probing_none = samples["probing, held"], samples["probing, none"]
     return [
         Result(
             name=f"claim b={BATCH}, {HELD_ROWS:,} held-back or dead rows ahead vs none",
@@ -269,6 +300,18 @@ def run(ctx: Context) -> list[Result]:
             baseline_name="raw SQL",
             samples={"library": none_samples, "raw SQL": raw_samples},
             paired_ratio=_paired(none_samples, raw_samples),
+        ),
+        Result(
+            name=(
+                f"claim b={BATCH}, {HELD_ROWS:,} held rows ahead vs none: "
+                "raw SQL that probes instead of parking"
+            ),
+            unit="ms",
+            ours=statistics.median(probing_held),
+            baseline=statistics.median(probing_none),
+            baseline_name="none held",
+            samples={"held": probing_held, "none": probing_none},
+            paired_ratio=_paired(probing_held, probing_none),
         ),
     ]
 

@@ -10,10 +10,12 @@ its claim ignores leases of others). Run with nothing failing and with workload 
 its own ratio is what isolating failures costs a relay with none of the library's machinery:
 the floor under :mod:`benchmarks.drain_failures`' target, measured in the same run.
 
-* **The claim** (:data:`RAW_FAILING_CLAIM`): :data:`benchmarks.drain.RAW_CLAIM` plus the two
-  conditions order and backoff need: not in a retry backoff, and no earlier unpublished row of
-  its transaction in one (a probe of the small ``ix_outbox_failing`` index per candidate), rows
-  handed back in claim order.
+* **The claim** (:data:`RAW_FAILING_CLAIM`, from :func:`probing_claim`): the raw claim
+  (:data:`benchmarks.drain.RAW_CLAIM`) plus the two conditions order and backoff need: not in a
+  retry backoff, and no earlier unpublished row of its transaction in one (a probe of the small
+  ``ix_outbox_failing`` index per row it reads), rows handed back in claim order. It parks
+  nothing, so it reads the rows it skips again on every claim: workload 8
+  (:mod:`benchmarks.held_back`) prices that with 10,000 of them.
 * **A pass with nothing failed**: :data:`benchmarks.drain.RAW_MARK`, as the raw drain.
 * **A pass with a failure** (:data:`RAW_SETTLE`): mark, charge and hand back in one statement.
 * **Nothing claimable but rows left**: wait for the earliest backoff to end
@@ -31,24 +33,59 @@ from benchmarks.drain import RAW_MARK
 from benchmarks.harness import Context
 from sqla_outbox import queries
 
-__all__ = ["RAW_FAILING_CLAIM", "RAW_NEXT_RETRY", "RAW_SETTLE", "drain_raw_failing"]
+__all__ = [
+    "RAW_FAILING_CLAIM",
+    "RAW_NEXT_RETRY",
+    "RAW_SETTLE",
+    "drain_raw_failing",
+    "probing_claim",
+]
 
 _COLUMNS = ", ".join(queries.MESSAGE_FIELDS)
 _ID = queries.MESSAGE_FIELDS.index("id")
 _STAGED_AT = queries.MESSAGE_FIELDS.index("staged_at")
 
-RAW_FAILING_CLAIM = (
-    "WITH claimed AS (UPDATE outbox SET claimed_by = %(token)s, claimed_at = now() "
-    "WHERE id = ANY(ARRAY(SELECT o.id FROM outbox o WHERE o.published_at IS NULL "
-    "AND o.run_at <= now() AND (o.retry_at IS NULL OR o.retry_at <= now()) "
-    "AND (o.claimed_at IS NULL OR o.claimed_at < now() - interval '30 seconds') "
-    "AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.published_at IS NULL AND e.attempts > 0 "
-    "AND e.staged_at = o.staged_at AND e.id < o.id AND e.retry_at > now()) "
-    "ORDER BY o.staged_at, o.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)) "
-    f"RETURNING {_COLUMNS}) "
-    "SELECT * FROM claimed ORDER BY staged_at, id"
-)
-"""The claim: the raw one, skipping rows in backoff and the later rows of their transactions."""
+_STUCK = "e.published_at IS NULL AND e.attempts > 0 AND (e.retry_at > now(){dead})"
+"""A failed row that holds back the rows after it: in a retry backoff (or, ``dead``, dead)."""
+
+
+def probing_claim(*, keys: bool = False, dead: bool = False) -> str:
+    """The hand-written claim that skips what a failed row holds back by probing for it.
+
+    :data:`benchmarks.drain.RAW_CLAIM` plus: not in a retry backoff; no earlier row of its
+    transaction stuck (:data:`_STUCK`: one probe of the small ``ix_outbox_failing`` index per
+    row read); with ``keys``, none of its ordering key either (a probe of ``ix_outbox_key``);
+    with ``dead``, dead letters are not taken and hold back like rows in backoff. Rows come
+    back in claim order. Nothing is parked: every claim reads the held rows again and skips
+    them, which is what makes it cheap while they are few.
+    """
+    stuck = _STUCK.format(dead=" OR e.dead_at IS NOT NULL" if dead else "")
+    held = [
+        f"NOT EXISTS (SELECT 1 FROM outbox e WHERE {stuck} "
+        "AND e.staged_at = o.staged_at AND e.id < o.id)"
+    ]
+    if keys:
+        held.append(
+            f"NOT EXISTS (SELECT 1 FROM outbox e WHERE {stuck} "
+            "AND e.ordering_key = o.ordering_key AND (e.staged_at, e.id) < (o.staged_at, o.id))"
+        )
+    if dead:
+        held.append("o.dead_at IS NULL")
+    return (
+        "WITH claimed AS (UPDATE outbox SET claimed_by = %(token)s, claimed_at = now() "
+        "WHERE id = ANY(ARRAY(SELECT o.id FROM outbox o WHERE o.published_at IS NULL "
+        "AND o.run_at <= now() AND (o.retry_at IS NULL OR o.retry_at <= now()) "
+        "AND (o.claimed_at IS NULL OR o.claimed_at < now() - interval '30 seconds') "
+        f"AND {' AND '.join(held)} "
+        "ORDER BY o.staged_at, o.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)) "
+        f"RETURNING {_COLUMNS}) "
+        "SELECT * FROM claimed ORDER BY staged_at, id"
+    )
+
+
+RAW_FAILING_CLAIM = probing_claim()
+"""Workload 9's claim: the raw one, skipping rows in backoff and the later rows of their
+transactions (the workload has no ordering keys and no dead letters)."""
 
 RAW_SETTLE = (
     "WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(%(published)s) "
