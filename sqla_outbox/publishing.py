@@ -24,6 +24,7 @@ sends what it did not hold back in another batch.
 from __future__ import annotations
 
 import datetime as dt
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -71,6 +72,24 @@ class PassOutcome:
     def complete(self) -> bool:
         """Every message of the claim was published."""
         return not (self.failed or self.handed_back or self.held_back or self.outage or self.stop)
+
+    def drop_frames(self) -> None:
+        """Clear the local variables of the finished frames in the failures' and the outage's
+        tracebacks, once the pass is done with them (observers included).
+
+        Each traceback references the frame of :func:`publish_claim`, whose locals reference
+        this outcome, which references the error: a reference cycle that kept every failing
+        pass's claim (its messages and their payloads) alive until a garbage collection found
+        it, and made those collections slower (measured: a 2%-failing drain ran 5% faster
+        without it). The tracebacks keep their files and line numbers, so they still format;
+        only the locals of frames that have returned are gone. ``stop`` is left whole: it is
+        raised.
+        """
+        errors = [error for _message, error in self.failed]
+        if self.outage is not None:
+            errors.append(self.outage)
+        for error in errors:
+            traceback.clear_frames(error.__traceback__)
 
 
 class _Holds:

@@ -357,6 +357,7 @@ class Relay:
                     ahead.hand_back()
             if self._observers:
                 self._report(claimed, outcome, dead, time.perf_counter() - started)
+            outcome.drop_frames()  # observers had the tracebacks whole
             if ahead_error is not None:
                 raise ahead_error
             if outcome.outage is not None:

@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 import signal
 import threading
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -871,6 +872,49 @@ def test_a_base_exception_from_a_publisher_is_a_failed_publish(
         watch.stop()
     assert publisher.published == ids + later  # each exactly once, in order
     assert watch.samples > 0 and watch.false == 0
+
+
+def test_a_failed_publish_leaves_no_reference_cycle_behind_its_pass(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A failed publish's traceback references the frame that caught it, whose locals reference
+    the pass (its messages, their payloads, the error itself): a reference cycle that kept every
+    failing pass alive until a garbage collection. Observers still get the traceback whole
+    during the pass; once the pass is done, the caught frames' locals are cleared, and the
+    traceback still formats."""
+    stage(engine, 2)
+    errors: list[BaseException] = []
+
+    def refuse(message: OutboxMessage) -> None:
+        error = RuntimeError(f"refused {message.job}")
+        errors.append(error)
+        raise error
+
+    during: list[bool] = []
+
+    class Observer:
+        def pass_done(self, report: Any) -> None:
+            (_message, error), *_ = report.outcome.failed
+            during.append(all(frame.f_locals for frame in _frames(error)))
+
+    relay = make_relay(engine, refuse)
+    relay.observe(Observer())
+    relay.run_pass()
+    assert len(errors) == 1  # the second message waits for the first, its transaction's
+    assert during == [True]
+    frames = _frames(errors[0])
+    assert len(frames) >= 2  # the frame that caught it, down to the publisher's
+    assert [frame.f_locals for frame in frames] == [{}] * len(frames)
+    assert "in refuse" in "".join(traceback.format_exception(errors[0]))
+
+
+def _frames(error: BaseException) -> list[Any]:
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
 
 
 class Raiser:
