@@ -47,6 +47,7 @@ from benchmarks.harness import (
 )
 from sqla_outbox import driver_sql, queries
 from sqla_outbox.claims import next_window
+from sqla_outbox.trimming import Trimming
 
 __all__ = [
     "BATCH",
@@ -104,7 +105,8 @@ class LibraryClaim:
       :func:`sqla_outbox.claims.next_window`, ``held`` being the claim's second leading column;
     * the fast claim (``claim_stmt(fast=True)``) while the last claim found the outbox
       uncrowded (third leading column) and the window is the batch, followed at once by the
-      full claim when it answers crowded; the full claim otherwise.
+      full claim when it answers crowded; the full claim otherwise; ``whole`` as the relay sets
+      it (:class:`sqla_outbox.trimming.Trimming`).
 
     Call it with a token; it returns ``(seconds, parked, held, claimed ids)``, the seconds
     covering the execute and the fetch of the rows only.
@@ -119,24 +121,34 @@ class LibraryClaim:
         self._claim = driver_sql.precompile(queries.claim_stmt(dialect.name), dialect)
         self._fast = driver_sql.precompile(queries.claim_stmt(dialect.name, fast=True), dialect)
         self.crowded = False
+        self.trimming = Trimming()
         self.conn: Connection = autocommit.connect()
         self.conn.exec_driver_sql("SET jit = off")
 
     def __call__(self, token: str) -> tuple[float, int, int, list[Any]]:
         start = time.perf_counter()
         fast = not self.crowded and self.window == self.batch
-        rows = self._send(self._fast if fast else self._claim, token)
+        rows = self._send(self._fast if fast else self._claim, token, whole=self.trimming.on)
+        if rows[0][2]:
+            self.trimming.crowded()
         if fast and rows[0][2]:
-            rows = self._send(self._claim, token)  # crowded: the full claim, as the relay does
+            # crowded: the full claim, as the relay does
+            rows = self._send(self._claim, token, whole=True)
         elapsed = time.perf_counter() - start
         parked, held, self.crowded = rows[0][0], rows[0][1], rows[0][2]
         ids = [row[3] for row in rows if row[3] is not None]
         self.window = next_window(self.window, self.batch, held)
         return elapsed, parked, held, ids
 
-    def _send(self, claim: driver_sql.Precompiled, token: str) -> list[Any]:
+    def _send(self, claim: driver_sql.Precompiled, token: str, *, whole: bool) -> list[Any]:
         params = claim.params(
-            {"limit": self.batch, "window": self.window, "lease": LEASE, "token": token}
+            {
+                "limit": self.batch,
+                "window": self.window,
+                "lease": LEASE,
+                "token": token,
+                "whole": whole,
+            }
         )
         result = driver_sql.execute(self.conn, claim, params)
         rows = result.cursor.fetchall()  # type: ignore[union-attr]
@@ -145,7 +157,13 @@ class LibraryClaim:
 
     def sql(self) -> tuple[str, dict[str, Any]]:
         """The statement and the parameters of the next claim (for ``EXPLAIN``)."""
-        params = {"limit": self.batch, "window": self.window, "lease": LEASE, "token": "explain"}
+        params = {
+            "limit": self.batch,
+            "window": self.window,
+            "lease": LEASE,
+            "token": "explain",
+            "whole": self.trimming.on,
+        }
         return self._claim.text(params), self._claim.params(params)
 
     def close(self) -> None:

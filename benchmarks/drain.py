@@ -222,6 +222,8 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     that found the outbox crowded would make this arm measure something else, and stops it.
     The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does,
     and sends the numbered SQL through a ``RawCursor``, as the relay does (driver_sql.execute).
+    ``whole`` is false, as for a relay alone whose claims are never crowded
+    (:mod:`sqla_outbox.trimming`).
     """
     claim, merged = _library_sql(ctx)
     lease = dt.timedelta(seconds=30)
@@ -236,7 +238,7 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
             token = f"lib:{secrets.token_hex(8)}"
             statement = merged if previous else claim
             params = statement.params(
-                {**previous, "limit": batch_size, "lease": lease, "token": token}
+                {**previous, "limit": batch_size, "lease": lease, "token": token, "whole": False}
             )
             header = 5 if previous else 3
             sql = statement.text(params, numbered=True)  # as the relay sends it

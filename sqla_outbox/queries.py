@@ -494,8 +494,9 @@ def _claim_plan(
       claim's index, so the next claims find due work past them instead of scanning them again;
       the mark that publishes their holder unparks them (:func:`mark_published_stmt`), and a
       periodic sweep (:func:`sweep_parked_stmt`) catches any whose holder went another way.
-    * **Whole** (``whole=True``, PostgreSQL's claims): a claim that reaches ``:limit`` inside a
-      transaction leaves that transaction for the next claim (:func:`_whole_transactions`).
+    * **Whole** (``whole=True``, PostgreSQL's claims): with the ``:whole`` parameter true, a
+      claim that reaches ``:limit`` inside a transaction leaves that transaction for the next
+      claim (:func:`_whole_transactions`).
     """
     t = outbox_table
     if locked:
@@ -597,9 +598,10 @@ def _last_row(rows: Any) -> Any:
 
 def _whole_transactions(rows: Any, end: Any) -> ColumnElement[bool]:
     """For each of ``rows`` (a claim's, with ``id`` and ``staged_at``; ``end`` its
-    :func:`_last_row`): keep it, unless the
-    claim reached ``:limit`` inside a transaction, when that last transaction's rows are left
-    for the next claim (a claim of a single transaction keeps them: it must make progress).
+    :func:`_last_row`): keep it, unless ``:whole`` is true and the claim reached ``:limit``
+    inside a transaction, when that last transaction's rows are left for the next claim (a
+    claim of a single transaction keeps them: it must make progress). The relay sets ``:whole``
+    while other claims are about (:mod:`sqla_outbox.trimming`).
 
     Two relays that each stop inside a transaction hand each other its rest: the other relay
     finds it held by rows in flight, takes a full claim around it, and ends inside another
@@ -622,7 +624,8 @@ def _whole_transactions(rows: Any, end: Any) -> ColumnElement[bool]:
             )
         ),
     )
-    return or_(rows.c.staged_at != tail, ~split)
+    trim: ColumnElement[bool] = bindparam("whole", type_=Boolean())
+    return or_(~trim, rows.c.staged_at != tail, ~split)
 
 
 def _claim_update(dialect: str, claim: Select[Any]) -> Update:
@@ -700,7 +703,7 @@ def claim_stmt(dialect: str, order: str = "key", *, fast: bool = False) -> Selec
     claim. It is the full claim's answer in that case without the per-group and per-key
     guard, the parking and the exclusion it never needs; a relay uses it while its last claim
     found the outbox uncrowded. Its ``parked`` and ``held`` are 0. Both claims end on a
-    transaction's last row when they can (:func:`_whole_transactions`).
+    transaction's last row when they can and ``:whole`` asks (:func:`_whole_transactions`).
 
     On SQLite (no row locks; the relay runs the claim under ``BEGIN IMMEDIATE``, the
     database-wide write lock, after :func:`park_stmt`) it is the plain ``UPDATE ... RETURNING``
@@ -710,7 +713,8 @@ def claim_stmt(dialect: str, order: str = "key", *, fast: bool = False) -> Selec
     earlier rows. ``order="strict"``: also for the first failed row before it, whatever its key.
 
     Parameters: ``limit``, ``window`` (at least ``limit``; both written into the SQL text, see
-    :func:`_inline`), ``token``; ``lease`` (a ``timedelta``) on PostgreSQL, ``now`` and
+    :func:`_inline`), ``token``; ``lease`` (a ``timedelta``) and ``whole`` (end on a
+    transaction boundary, see :func:`_whole_transactions`) on PostgreSQL, ``now`` and
     ``cutoff`` (``now - lease``) on SQLite.
     """
     if dialect == "postgresql":

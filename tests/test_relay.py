@@ -276,17 +276,41 @@ def test_two_relays_publish_every_row_exactly_once(
         assert sorted(transaction, key=position.__getitem__) == transaction
 
 
-def test_a_claim_reaching_its_limit_inside_a_transaction_leaves_that_transaction_whole(
+def test_a_relay_alone_takes_full_batches_across_transactions(
     pg_engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """Transactions of three, batches of five: each claim takes one whole transaction and
-    leaves the next one for the next claim (it took five rows, then four, before: two relays
-    that each stop inside a transaction hand each other its rest, held by rows in flight)."""
+    """Transactions of three, batches of five, no other claim about: each claim takes a full
+    batch (five rows, then four). A relay alone loses nothing by ending a claim inside a
+    transaction: its next claim starts with the rest."""
     ids = stage(pg_engine, 9, per_transaction=3)
     gate = Gate()
     relay = make_relay(pg_engine, gate, batch_size=5)
-    assert [relay.tick() for _ in range(4)] == [3, 3, 3, 0]
+    assert [relay.tick() for _ in range(3)] == [5, 4, 0]
     assert [m.id for m in gate.published] == ids
+
+
+def test_once_another_claim_is_about_a_claim_leaves_a_transaction_it_would_split_whole(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Relay B holds an earlier transaction mid-publish. A's claims find it ahead of theirs
+    (crowded), and from then on end on transaction boundaries: transactions of three in
+    batches of five go three at a time (they took five, then four, before: two relays that
+    each stop inside a transaction hand each other its rest, held by rows in flight)."""
+    first = stage(pg_engine, 1)
+    b_gate = Gate(block_at=0)
+    b = make_relay(pg_engine, b_gate, relay_id="B")
+    b_thread = run_in_thread(b.tick)
+    assert b_gate.entered.wait(WAIT)  # B holds the first transaction
+    ids = stage(pg_engine, 9, per_transaction=3)
+    gate = Gate()
+    a = make_relay(pg_engine, gate, batch_size=5, relay_id="A")
+    try:
+        assert [a.tick() for _ in range(4)] == [3, 3, 3, 0]
+    finally:
+        b_gate.proceed.set()
+        b_thread.join(WAIT)
+    assert [m.id for m in gate.published] == ids
+    assert [m.id for m in b_gate.published] == first
 
 
 def test_a_transaction_larger_than_the_batch_is_still_claimed_in_batches(

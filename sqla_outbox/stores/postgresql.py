@@ -10,7 +10,8 @@ What it does for speed, and why it is safe:
   (:func:`~sqla_outbox.queries.mark_and_claim_stmt`): a pass is one round trip plus the
   publishing. A write-back on its own is one statement too (:func:`~queries.settle_stmt`).
 * While the last claim found the outbox uncrowded, the fast claim serves; a crowded one hands
-  over to the full claim within the same pass.
+  over to the full claim within the same pass. Claims end on transaction boundaries only for a
+  while after a crowded one (:mod:`sqla_outbox.trimming`).
 * Timestamps come from the server's clock (``now()``), so relays on hosts with skewed clocks
   agree on leases and backoffs.
 """
@@ -29,6 +30,7 @@ from sqlalchemy import Connection, Engine, Executable, Select, Update
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.stores.base import SqlStore
+from sqla_outbox.trimming import Trimming
 
 __all__ = ["PostgresStore"]
 
@@ -57,6 +59,7 @@ class PostgresStore(SqlStore):
             for carries in self._carries
         }
         self._crowded = False
+        self._trimming = Trimming()
         self._settle = queries.settle_stmt()
 
     def can_carry(self, write_back: WriteBack) -> bool:
@@ -74,11 +77,14 @@ class PostgresStore(SqlStore):
 
     def _claim_once(self, token: str, carried: WriteBack | None, params: dict[str, Any]) -> Claimed:
         fast = not self._crowded and self._window == self._batch_size
-        claimed = self._claim_with(token, carried, params, fast=fast)
+        trimming = self._trimming
+        claimed = self._claim_with(token, carried, {**params, "whole": trimming.on}, fast=fast)
+        if claimed.crowded:
+            trimming.crowded()
         if fast and claimed.crowded:
             # The fast claim took nothing (its write-back stands): the full claim sees what holds.
             unparked = claimed.unparked
-            claimed = self._claim_with(token, None, params, fast=False)
+            claimed = self._claim_with(token, None, {**params, "whole": True}, fast=False)
             claimed.unparked += unparked
         # Stay on the full claim while the outbox is crowded, unless this claim parked every
         # row it had to leave: what crowded it was stuck rows before them, now out of the way.
