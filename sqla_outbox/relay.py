@@ -357,7 +357,6 @@ class Relay:
                     ahead.hand_back()
             if self._observers:
                 self._report(claimed, outcome, dead, time.perf_counter() - started)
-            outcome.drop_frames()  # observers had the tracebacks whole
             if ahead_error is not None:
                 raise ahead_error
             if outcome.outage is not None:
@@ -372,12 +371,17 @@ class Relay:
                 )
             if outcome.stop is not None:
                 raise outcome.stop
-            return PassResult(
+            result = PassResult(
                 len(claimed.messages),
                 len(outcome.published),
                 bool(outcome.failed) or outcome.outage is not None,
                 outcome.outage is not None,
             )
+            # A failure's traceback holds this frame (through its frames' f_back): the frame
+            # must not hold the failure in turn (see PassOutcome.drop_frames).
+            outcome.drop_frames()
+            del outcome
+            return result
 
     def _claim(self) -> Claimed:
         """The pass's claim, with the last pass's write-back riding on it."""
