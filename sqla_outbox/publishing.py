@@ -77,14 +77,14 @@ class PassOutcome:
         """Clear the local variables of the finished frames in the failures' and the outage's
         tracebacks; the relay calls it once the pass is done with them (observers included).
 
-        Each traceback starts at the frame of :func:`publish_claim`, whose locals hold this
-        outcome, which holds the error: a reference cycle that kept every failing pass's claim
-        (its messages and their payloads) alive until a garbage collection found it, and gave
-        the collector most of its work in a drain with failures. The frames' ``f_back`` links
-        lead on to the callers' frames, so the relay's pass also drops its own reference to
-        the outcome before it returns. The tracebacks keep their files and line numbers and
-        still format; only the locals of frames that have returned are gone. ``stop`` is left
-        whole: it is raised.
+        Each traceback starts at the frame of this module that caught the error, whose
+        locals hold this outcome, which holds the error: a reference cycle that kept every
+        failing pass's claim (its messages and their payloads) alive until a garbage
+        collection found it, and gave the collector most of its work in a drain with failures.
+        The frames' ``f_back`` links lead on to the callers' frames, so the relay's pass also
+        drops its own reference to the outcome before it returns. The tracebacks keep their
+        files and line numbers and still format; only the locals of frames that have returned
+        are gone. ``stop`` is left whole: it is raised.
         """
         errors = [error for _message, error in self.failed]
         if self.outage is not None:

@@ -5,14 +5,15 @@ leave the rest (:func:`sqla_outbox.queries._whole_transactions` says when it doe
 relay loses nothing by splitting: its next claim starts with the rest. Two relays that split
 hand each other the rest, held by rows in flight, and once one claim split a transaction every
 later one did: two relays drained at 0.6 of one. Ending claims on transaction boundaries keeps
-them apart, at the price of fuller claims: a relay alone on a backlog with failures, whose
+them apart, at the price of smaller claims: a relay alone on a backlog with failures, whose
 retried rows shift its claims off the boundaries, made 604 claims instead of 577 (and drained
 5% slower) for no gain.
 
 So a relay trims its claims only while another claim is about: for :data:`TRIM_FOR` seconds
 after one of its claims found the outbox crowded (rows before its candidates it could not take:
 another relay's claim, or a failed row's backoff, a dead letter, a parked row). Two relays find
-each other's claims ahead of theirs on most claims; a relay alone finds nothing.
+each other's claims ahead of theirs on most claims; a relay alone finds none (only a stuck row,
+for as long as it takes the full claim to park what it holds back).
 """
 
 from __future__ import annotations
