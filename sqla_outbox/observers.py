@@ -7,6 +7,11 @@ next claim). The relay itself never branches on who watches.
 
 An observer runs on the relay's thread, inside the pass loop: it must be quick, and an exception
 it raises is logged and swallowed (a broken metrics exporter must not stop publishing).
+
+The errors in ``report.outcome`` carry their tracebacks whole during ``pass_done``: capture or
+format them there. Once the pass is done the relay clears the local variables of their
+tracebacks' finished frames (:meth:`~sqla_outbox.publishing.PassOutcome.drop_frames`), so a kept
+error still formats but no longer holds the pass's messages.
 """
 
 from __future__ import annotations
