@@ -292,28 +292,34 @@ def run(ctx: Context) -> list[Result]:
                 if key not in ("first_claim_ms", "explain_analyze_first_claim")
             },
         ),
-        Result(
-            name=f"claim b={BATCH}, none held: library vs raw SQL",
-            unit="ms",
-            ours=statistics.median(none_samples),
-            baseline=statistics.median(raw_samples),
-            baseline_name="raw SQL",
-            samples={"library": none_samples, "raw SQL": raw_samples},
-            paired_ratio=_paired(none_samples, raw_samples),
+        _claims_row(
+            f"claim b={BATCH}, none held: library vs raw SQL",
+            ("library", none_samples),
+            ("raw SQL", raw_samples),
         ),
-        Result(
-            name=(
-                f"claim b={BATCH}, {HELD_ROWS:,} held rows ahead vs none: "
-                "raw SQL that probes instead of parking"
-            ),
-            unit="ms",
-            ours=statistics.median(probing_held),
-            baseline=statistics.median(probing_none),
-            baseline_name="none held",
-            samples={"held": probing_held, "none": probing_none},
-            paired_ratio=_paired(probing_held, probing_none),
+        _claims_row(
+            f"claim b={BATCH}, {HELD_ROWS:,} held rows ahead vs none: "
+            "raw SQL that probes instead of parking",
+            ("held", probing_held),
+            ("none held", probing_none),
         ),
     ]
+
+
+def _claims_row(
+    name: str, ours: tuple[str, list[float]], baseline: tuple[str, list[float]]
+) -> Result:
+    """An informative row of claim times: medians, and the paired ratio of the iterations."""
+    (ours_name, ours_ms), (baseline_name, baseline_ms) = ours, baseline
+    return Result(
+        name=name,
+        unit="ms",
+        ours=statistics.median(ours_ms),
+        baseline=statistics.median(baseline_ms),
+        baseline_name=baseline_name,
+        samples={ours_name: ours_ms, baseline_name: baseline_ms},
+        paired_ratio=_paired(ours_ms, baseline_ms),
+    )
 
 
 def _paired(ours: list[float], baseline: list[float]) -> float:
