@@ -19,6 +19,11 @@ backlog and at every position of their transactions); their second attempt succe
 
 * **ours, 2% fail once**: :data:`FAILING` of the rows fail once each (1,000 of 50,000).
 * **ours, no failures** (the baseline): the same relay and publisher with an empty failing set.
+* **raw SQL, 2% fail once** and **raw SQL, no failures** (informative, the floor): a
+  hand-written relay that isolates the same failures the cheapest way, with none of the
+  library's machinery (:mod:`benchmarks.raw_failures`), same snapshot, publisher and failing
+  ids. Its own ratio is what isolating failures costs any relay here; ours against it, both
+  failing, is what the library adds.
 
 Why ``retry_base = retry_max = 0.05`` s: a failed row is not claimed again before its backoff
 ends (1 s by default, doubling). With the defaults the failing arm would mostly measure the
