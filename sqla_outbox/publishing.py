@@ -91,6 +91,13 @@ class PassOutcome:
             errors.append(self.outage)
         for error in errors:
             traceback.clear_frames(error.__traceback__)
+            # Before Python 3.13, reading a frame's f_locals (as an error reporter that
+            # captures local variables does) caches them in a dict on the frame, which clearing
+            # the frame leaves in place; reading f_locals again refreshes it, empty.
+            tb = error.__traceback__
+            while tb is not None:
+                tb.tb_frame.f_locals  # noqa: B018 - read for its effect on the cache
+                tb = tb.tb_next
 
 
 class _Holds:

@@ -907,8 +907,9 @@ def test_a_failed_publish_leaves_no_reference_cycle_behind_its_pass(
     pass's outcome (its messages, their payloads, the error itself), and through the frames'
     ``f_back`` the relay's own frames: reference cycles that kept every failing pass alive
     until a garbage collection. With the collector off, the pass is freed when it ends, even
-    though the publisher keeps the error; observers still get the traceback whole, and it still
-    formats afterwards."""
+    though the publisher keeps the error and an observer read the frames' locals (as an error
+    reporter capturing them does); observers get the traceback whole, and it still formats
+    afterwards."""
     stage(engine, 2)
     errors: list[BaseException] = []
 
@@ -924,6 +925,8 @@ def test_a_failed_publish_leaves_no_reference_cycle_behind_its_pass(
         def pass_done(self, report: Any) -> None:
             (_message, error), *_ = report.outcome.failed
             during.append("in refuse" in "".join(traceback.format_exception(error)))
+            # An error reporter that captures local variables reads them here.
+            during.append(all(frame.f_locals for frame in _frames(error)))
             outcomes.append(weakref.ref(report.outcome))
 
     relay = make_relay(engine, refuse)
@@ -936,7 +939,7 @@ def test_a_failed_publish_leaves_no_reference_cycle_behind_its_pass(
     finally:
         gc.enable()
     assert len(errors) == 1  # the second message waits for the first, its transaction's
-    assert during == [True]
+    assert during == [True, True]
     frames = _frames(errors[0])
     assert len(frames) >= 2  # the frame that caught it, down to the publisher's
     assert [frame.f_locals for frame in frames] == [{}] * len(frames)
