@@ -140,16 +140,17 @@ class LibraryClaim:
         self.window = next_window(self.window, self.batch, held)
         return elapsed, parked, held, ids
 
+    def _params(self, token: str, *, whole: bool) -> dict[str, Any]:
+        return {
+            "limit": self.batch,
+            "window": self.window,
+            "lease": LEASE,
+            "token": token,
+            "whole": whole,
+        }
+
     def _send(self, claim: driver_sql.Precompiled, token: str, *, whole: bool) -> list[Any]:
-        params = claim.params(
-            {
-                "limit": self.batch,
-                "window": self.window,
-                "lease": LEASE,
-                "token": token,
-                "whole": whole,
-            }
-        )
+        params = claim.params(self._params(token, whole=whole))
         result = driver_sql.execute(self.conn, claim, params)
         rows = result.cursor.fetchall()  # type: ignore[union-attr]
         result.close()
@@ -157,13 +158,7 @@ class LibraryClaim:
 
     def sql(self) -> tuple[str, dict[str, Any]]:
         """The statement and the parameters of the next claim (for ``EXPLAIN``)."""
-        params = {
-            "limit": self.batch,
-            "window": self.window,
-            "lease": LEASE,
-            "token": "explain",
-            "whole": self.trimming.on,
-        }
+        params = self._params("explain", whole=self.trimming.on)
         return self._claim.text(params), self._claim.params(params)
 
     def close(self) -> None:

@@ -291,40 +291,42 @@ def test_a_relay_alone_takes_full_batches_across_transactions(
     assert [m.id for m in gate.published] == ids
 
 
+@pytest.mark.parametrize(
+    ("count", "per_transaction", "claims"),
+    [
+        # They took five, then four, before: two relays that each stop inside a transaction
+        # hand each other its rest, held by rows in flight.
+        pytest.param(9, 3, [3, 3, 3, 0], id="transactions-of-three"),
+        # A claim whose only transaction is longer than the batch takes a batch of it: leaving
+        # the transaction whole is for claims that have another to take instead.
+        pytest.param(7, None, [5, 2, 0], id="one-transaction-of-seven"),
+    ],
+)
 def test_once_another_claim_is_about_a_claim_leaves_a_transaction_it_would_split_whole(
-    pg_engine: Engine, make_relay: MakeRelay
+    pg_engine: Engine,
+    make_relay: MakeRelay,
+    count: int,
+    per_transaction: int | None,
+    claims: list[int],
 ) -> None:
     """Relay B holds an earlier transaction mid-publish. A's claims find it ahead of theirs
     (crowded), and from then on end on transaction boundaries: transactions of three in
-    batches of five go three at a time (they took five, then four, before: two relays that
-    each stop inside a transaction hand each other its rest, held by rows in flight)."""
+    batches of five go three at a time, and one transaction of seven still goes in batches."""
     first = stage(pg_engine, 1)
     b_gate = Gate(block_at=0)
     b = make_relay(pg_engine, b_gate, relay_id="B")
     b_thread = run_in_thread(b.tick)
     assert b_gate.entered.wait(WAIT)  # B holds the first transaction
-    ids = stage(pg_engine, 9, per_transaction=3)
+    ids = stage(pg_engine, count, per_transaction=per_transaction)
     gate = Gate()
     a = make_relay(pg_engine, gate, batch_size=5, relay_id="A")
     try:
-        assert [a.tick() for _ in range(4)] == [3, 3, 3, 0]
+        assert [a.tick() for _ in range(len(claims))] == claims
     finally:
         b_gate.proceed.set()
         b_thread.join(WAIT)
     assert [m.id for m in gate.published] == ids
     assert [m.id for m in b_gate.published] == first
-
-
-def test_a_transaction_larger_than_the_batch_is_still_claimed_in_batches(
-    pg_engine: Engine, make_relay: MakeRelay
-) -> None:
-    """A claim whose only transaction is longer than the batch takes a batch of it: leaving
-    the transaction whole is for claims that have another to take instead."""
-    ids = stage(pg_engine, 7)
-    gate = Gate()
-    relay = make_relay(pg_engine, gate, batch_size=5)
-    assert [relay.tick() for _ in range(3)] == [5, 2, 0]
-    assert [m.id for m in gate.published] == ids
 
 
 def test_stale_claimant_cannot_release_another_relays_claim(
