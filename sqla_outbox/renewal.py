@@ -91,7 +91,7 @@ class LeaseRenewal:
                 self._thread.start()
             elif self._due < self._wakes_at:
                 # Only when the thread would look too late: waking it on every pass cost a
-                # drain of 100-row claims 6% (two thread switches a pass, on the GIL).
+                # drain of 100-row claims 2-6% (two thread switches a pass, on the GIL).
                 self._cond.notify()
 
     def end(self) -> None:

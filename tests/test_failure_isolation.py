@@ -402,7 +402,7 @@ def test_a_drain_does_not_wake_the_renewal_thread_on_every_pass(
 ) -> None:
     """Passes shorter than the renewal interval leave the renewal thread asleep: each new
     claim is due later than the thread looks anyway (waking it twice a pass cost a drain of
-    100-row claims 6%). Every claim is still renewed on time: see the slow-publisher tests."""
+    100-row claims 2-6%). Every claim is still renewed on time: see the slow-publisher tests."""
     stage_each(engine, [(f"m{i}", None) for i in range(40)])
     published: list[str] = []
     relay = make_relay(engine, lambda m: published.append(m.job), batch_size=2)
