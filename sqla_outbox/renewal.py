@@ -21,10 +21,11 @@ What it guarantees, and the traps it closes:
 * A database error during a renewal is logged and retried at the next interval; the lease is
   three intervals long, so one failed renewal costs nothing.
 
-The thread starts with the first pass and ends after a minute without one, so a relay that is
-only ticked now and then holds no thread. In between it looks at least once an interval, and a
-pass wakes it only when its claim comes due before that: a drain's many short passes do not
-switch threads twice each.
+The thread starts with the first pass. It looks at least once an interval, and a pass wakes it
+only when its claim comes due before that: a drain's many short passes do not switch threads
+twice each. It ends once its looks have found no pass in flight for a minute, so a relay that is
+only ticked now and then holds no thread. (A relay whose passes all fall between the looks may
+see it end too: the next pass starts it again, one thread start a minute.)
 """
 
 from __future__ import annotations
