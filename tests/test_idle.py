@@ -132,15 +132,16 @@ def test_a_backoff_that_ended_before_the_plan_means_claim_now(
 def test_a_backoff_ending_sooner_than_a_poll_is_waited_for_exactly(
     pg_engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """A failed row whose 50 ms backoff ends well before ``poll_interval`` (1 s here): the loop
-    comes back when the backoff ends, not a poll later (it used to wait ``poll_interval``, so a
-    short backoff cost a whole poll while LISTEN was up)."""
-    relay = _as_if_listening(make_relay, pg_engine, poll_interval=1.0)
+    """A failed row whose backoff ends well before ``poll_interval`` (3 s against 10 s here): the
+    loop comes back when the backoff ends, not a poll later (it used to wait ``poll_interval``,
+    so a short backoff cost a whole poll while LISTEN was up). The second of margin is for a
+    slow machine between the UPDATE and the plan (a 50 ms backoff once ended in between)."""
+    relay = _as_if_listening(make_relay, pg_engine, poll_interval=10.0)
     with Session(pg_engine) as session:
         failed = outbox.enqueue(session, "failed-once")
         session.commit()
-    soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(milliseconds=50)
+    soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3)
     with pg_engine.begin() as conn:
         row = outbox.OutboxRow
         conn.execute(update(row).where(row.id == failed.id).values(attempts=1, retry_at=soon))
-    assert 0.0 < relay._idle_wait() <= 0.05
+    assert 2.0 < relay._idle_wait() <= 3.0
