@@ -257,6 +257,9 @@ class Relay:
             else None
         )
         self._pass_lock = threading.Lock()
+        """Held by whatever uses the store's connection kept between passes (a pass, the end of
+        passes, a sweep, the idle plan): a ``tick()`` from another thread while the loop runs
+        must not share that connection with the loop mid-statement."""
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -500,7 +503,8 @@ class Relay:
             if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL and self._sweep():
                 return 0.0
             return self.poll_interval
-        due_in, parked = self._statements.idle_plan()
+        with self._pass_lock:  # on the held connection, as a pass is
+            due_in, parked = self._statements.idle_plan()
         if parked and time.monotonic() - self._last_sweep >= SWEEP_INTERVAL and self._sweep():
             return 0.0
         wait = min(IDLE_MAX, self.liveness_bound / 2)

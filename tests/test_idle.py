@@ -145,3 +145,24 @@ def test_a_backoff_ending_sooner_than_a_poll_is_waited_for_exactly(
         row = outbox.OutboxRow
         conn.execute(update(row).where(row.id == failed.id).values(attempts=1, retry_at=soon))
     assert 2.0 < relay._idle_wait() <= 3.0
+
+
+def test_the_idle_plan_waits_for_a_pass_on_another_thread(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """The idle plan runs on the connection a relay keeps between passes, so it holds the pass
+    lock as a pass does: a ``tick()`` from another thread while the loop plans its wait must not
+    share that connection mid-statement (on psycopg a pass switches its cursor type for its
+    statement, and a plan sent meanwhile failed with "raw queries require a sequence of
+    parameters")."""
+    relay = _as_if_listening(make_relay, pg_engine)
+    plan = relay._statements.idle_plan
+    held_during_plan: list[bool] = []
+
+    def observed_plan() -> tuple[float | None, int]:
+        held_during_plan.append(relay._pass_lock.locked())
+        return plan()
+
+    relay._statements.idle_plan = observed_plan  # type: ignore[method-assign]
+    relay._idle_wait()
+    assert held_during_plan == [True]
