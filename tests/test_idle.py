@@ -147,9 +147,7 @@ def test_a_backoff_ending_sooner_than_a_poll_is_waited_for_exactly(
     assert 2.0 < relay._idle_wait() <= 3.0
 
 
-def test_the_idle_plan_waits_for_a_pass_on_another_thread(
-    pg_engine: Engine, make_relay: MakeRelay
-) -> None:
+def test_the_idle_plan_holds_the_pass_lock(pg_engine: Engine, make_relay: MakeRelay) -> None:
     """The idle plan runs on the connection a relay keeps between passes, so it holds the pass
     lock as a pass does: a ``tick()`` from another thread while the loop plans its wait must not
     share that connection mid-statement (on psycopg a pass switches its cursor type for its
