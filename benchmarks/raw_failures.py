@@ -20,6 +20,23 @@ the floor under :mod:`benchmarks.drain_failures`' target, measured in the same r
 * **A pass with a failure** (:data:`RAW_SETTLE`): mark, charge and hand back in one statement.
 * **Nothing claimable but rows left**: wait for the earliest backoff to end
   (:data:`RAW_NEXT_RETRY`), as the library's relay does.
+
+The same loop **with parking** (``loop="parking"``): the cheapest hand-written relay whose
+claim stays bounded however many rows a failure holds back, the promise the library's parking
+keeps (workload 8). It adds to the loop above exactly what that promise needs, and nothing else:
+
+* **The claim** (:data:`RAW_PARKING_CLAIM`) reads only rows that are not parked; a row it finds
+  behind a row in backoff (the same probe) is parked in the same statement instead of skipped,
+  so no later claim reads it again.
+* **A pass with a failure** (:data:`RAW_PARKING_SETTLE`) parks what it hands back, and the
+  unclaimed later rows of the failed rows' transactions.
+* **Every mark** (:data:`RAW_PARKING_MARK`, and the settle's) unparks the parked rows of the
+  marked rows' transactions in the same statement: their holder is out.
+
+And **riding** (``loop="riding"``, the bounded floor): the parking loop with each pass's
+write-back sent inside the next claim (:data:`RAW_RIDING_CLAIMS`), one statement a pass, as the
+library's relay sends it; the claim then leaves the previous claim's rows and, after a failure,
+the failed rows' transactions, which its own write-back parks.
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from benchmarks.drain import RAW_MARK
@@ -36,6 +54,10 @@ from sqla_outbox import queries
 __all__ = [
     "RAW_FAILING_CLAIM",
     "RAW_NEXT_RETRY",
+    "RAW_PARKING_CLAIM",
+    "RAW_PARKING_MARK",
+    "RAW_PARKING_SETTLE",
+    "RAW_RIDING_CLAIMS",
     "RAW_SETTLE",
     "drain_raw_failing",
     "probing_claim",
@@ -100,6 +122,92 @@ RAW_SETTLE = (
 )
 """A pass with a failure, written back in one fenced statement: mark, charge, hand back."""
 
+
+def _write_back(token: str, *, failed: bool) -> list[str]:
+    """The CTEs that write a pass of the parking loop back, fenced on ``%(token)s``.
+
+    Mark what was published and unpark the parked rows of its transactions (their holder is
+    out; ``= ANY(ARRAY(...))`` probes the small ``ix_outbox_parked_group`` once per marked row,
+    where ``IN (SELECT ...)`` compared every parked row with every marked one); with ``failed``
+    also charge the failed rows, hand back parked the rows they held back in the claim, and park
+    the unclaimed later rows of their transactions.
+    """
+    fence = f"claimed_by = %({token})s AND published_at IS NULL"
+    ctes = [
+        "marked AS (UPDATE outbox SET published_at = now() "
+        f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)",
+        "unparked AS (UPDATE outbox SET parked = false WHERE parked "
+        "AND staged_at = ANY(ARRAY(SELECT staged_at FROM marked)) RETURNING 1)",
+    ]
+    if failed:
+        ctes += [
+            "charged AS (UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s, "
+            "retry_at = now() + %(delay)s, claimed_by = NULL, claimed_at = NULL "
+            f"WHERE id = ANY(%(failed)s::uuid[]) AND {fence} RETURNING 1)",
+            "released AS (UPDATE outbox SET claimed_by = NULL, claimed_at = NULL, parked = true "
+            f"WHERE id = ANY(%(held)s::uuid[]) AND {fence} RETURNING 1)",
+            "behind AS (UPDATE outbox o SET parked = true "
+            "FROM unnest(%(failed)s::uuid[], %(failed_at)s::timestamptz[]) AS f(id, staged_at) "
+            "WHERE o.staged_at = f.staged_at AND o.id > f.id AND o.published_at IS NULL "
+            "AND o.claimed_by IS NULL AND NOT o.parked RETURNING 1)",
+        ]
+    return ctes
+
+
+def _written(*, failed: bool) -> str:
+    """A write-back on its own: its CTEs, and the rows each touched."""
+    names = ["marked", "unparked"] + (["charged", "released", "behind"] if failed else [])
+    counts = ", ".join(f"(SELECT count(*) FROM {name})" for name in names)
+    return f"WITH {', '.join(_write_back('token', failed=failed))} SELECT {counts}"
+
+
+def _parking_claim(carries: str | None = None) -> str:
+    """The parking loop's claim: only rows not parked; a row found behind a row in backoff is
+    parked, not skipped, so no later claim reads it again. Each row ends with the count of rows
+    the claim parked; with none claimed, one row of NULLs and that count (a claim that only
+    parked goes again at once: it made room).
+
+    ``carries`` (``"mark"`` or ``"settle"``): the previous pass's write-back rides on the claim,
+    fenced on ``%(previous)s``, as the library's relay does it. Every part sees one snapshot, in
+    which the previous claim's rows are still claimed and unpublished: the claim leaves them,
+    and, after a failure, the failed rows' transactions, which the write-back parks.
+    """
+    ctes = [] if carries is None else _write_back("previous", failed=carries == "settle")
+    leave = ""
+    if carries is not None:
+        leave = "AND o.claimed_by IS DISTINCT FROM %(previous)s "
+    if carries == "settle":
+        leave += "AND o.staged_at <> ALL(%(failed_at)s::timestamptz[]) "
+    ctes += [
+        "candidates AS (SELECT o.id, o.staged_at FROM outbox o WHERE o.published_at IS NULL "
+        "AND o.dead_at IS NULL AND NOT o.parked AND o.run_at <= now() "
+        "AND (o.retry_at IS NULL OR o.retry_at <= now()) "
+        "AND (o.claimed_at IS NULL OR o.claimed_at < now() - interval '30 seconds') "
+        f"{leave}ORDER BY o.staged_at, o.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
+        "held AS (SELECT c.id FROM candidates c WHERE EXISTS (SELECT 1 FROM outbox e "
+        f"WHERE {_STUCK.format(dead='')} AND e.staged_at = c.staged_at AND e.id < c.id))",
+        "parked AS (UPDATE outbox SET parked = true WHERE id IN (SELECT id FROM held) RETURNING 1)",
+        "claimed AS (UPDATE outbox SET claimed_by = %(token)s, claimed_at = now() "
+        "WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE id NOT IN (SELECT id FROM held))) "
+        f"RETURNING {_COLUMNS})",
+    ]
+    return (
+        f"WITH {', '.join(ctes)} "
+        "SELECT claimed.*, (SELECT count(*) FROM parked) FROM (SELECT 1) AS one "
+        "LEFT JOIN claimed ON true ORDER BY staged_at, id"
+    )
+
+
+RAW_PARKING_CLAIM = _parking_claim()
+"""The parking loop's claim (:func:`_parking_claim`), on its own."""
+RAW_PARKING_MARK = _written(failed=False)
+"""The parking loop's mark: :data:`benchmarks.drain.RAW_MARK`, unparking behind what it marks."""
+RAW_PARKING_SETTLE = _written(failed=True)
+"""A pass with a failure in the parking loop: :data:`RAW_SETTLE`, parking what it hands back
+and the unclaimed later rows of the failed rows' transactions, and unparking behind its mark."""
+RAW_RIDING_CLAIMS = {carries: _parking_claim(carries) for carries in ("mark", "settle")}
+"""The riding loop's claims, by what they carry: a mark, or a pass with a failure."""
+
 RAW_NEXT_RETRY = (
     "SELECT greatest(extract(epoch FROM min(retry_at) - now()), 0) FROM outbox "
     "WHERE published_at IS NULL AND attempts > 0"
@@ -115,41 +223,96 @@ class Publisher(Protocol):
     def done(self) -> bool: ...
 
 
-def drain_raw_failing(ctx: Context, publisher: Publisher, batch: int, retry: float) -> float:
-    """Run the hand-written relay until ``publisher`` has everything; the seconds it took."""
+@dataclass
+class _Pass:
+    """What one pass of a hand-written loop did with its claim."""
+
+    token: str
+    published: list[Any] = field(default_factory=list)
+    failed: list[Any] = field(default_factory=list)
+    failed_at: list[Any] = field(default_factory=list)
+    held: list[Any] = field(default_factory=list)
+    error: str = ""
+
+    def params(self, token: str, delay: dt.timedelta) -> dict[str, Any]:
+        """Its write-back's parameters, fenced on ``token``."""
+        params: dict[str, Any] = {token: self.token, "published": self.published}
+        if self.failed:
+            params.update(
+                error=self.error,
+                delay=delay,
+                failed=self.failed,
+                failed_at=self.failed_at,
+                held=self.held,
+            )
+        return params
+
+
+def _publish(rows: list[Any], token: str, publisher: Publisher) -> _Pass:
+    """Publish a claim's rows in order; a failed row holds back its transaction's later rows."""
+    done = _Pass(token)
+    waiting: set[Any] = set()  # transactions with a failed row in this pass
+    for row in rows:
+        if row[_STAGED_AT] in waiting:
+            done.held.append(row[_ID])
+            continue
+        try:
+            publisher.publish_id(row[_ID])
+        except Exception as failure:  # the publisher refused it: charge it
+            done.failed.append(row[_ID])
+            done.failed_at.append(row[_STAGED_AT])
+            waiting.add(row[_STAGED_AT])
+            done.error = str(failure)
+            continue
+        done.published.append(row[_ID])
+    return done
+
+
+def drain_raw_failing(
+    ctx: Context, publisher: Publisher, batch: int, retry: float, *, loop: str = "probing"
+) -> float:
+    """Run a hand-written relay until ``publisher`` has everything; the seconds it took.
+
+    ``loop``: ``"probing"`` (the floor: nothing parked), ``"parking"`` (the bounded floor: a
+    claim, then a write-back, per pass) or ``"riding"`` (the bounded floor with each pass's
+    write-back riding on the next claim, one statement per pass, as the library's relay does).
+    """
     delay = dt.timedelta(seconds=retry)
+    carried: _Pass | None = None
     with ctx.raw() as conn:
         start = time.perf_counter()
         while not publisher.done():
             token = f"raw:{secrets.token_hex(8)}"
-            rows = conn.execute(RAW_FAILING_CLAIM, {"token": token, "batch": batch}).fetchall()
+            params: dict[str, Any] = {"token": token, "batch": batch}
+            if loop == "probing":
+                claim = RAW_FAILING_CLAIM
+            elif carried is None:
+                claim = RAW_PARKING_CLAIM
+            else:
+                claim = RAW_RIDING_CLAIMS["settle" if carried.failed else "mark"]
+                params.update(carried.params("previous", delay))
+                carried = None
+            rows = conn.execute(claim, params).fetchall()
+            if loop != "probing" and rows[0][_ID] is None:
+                if rows[0][-1]:
+                    continue  # it parked rows and took none: the next claim sees past them
+                rows = []
             if not rows:
                 row = conn.execute(RAW_NEXT_RETRY).fetchone()
                 if row is None or row[0] is None:
                     break  # nothing left to wait for: the caller counts what is missing
                 time.sleep(float(row[0]))
                 continue
-            published: list[Any] = []
-            failed: list[Any] = []
-            held: list[Any] = []
-            waiting: set[Any] = set()  # transactions with a failed row in this pass
-            error = ""
-            for row in rows:
-                if row[_STAGED_AT] in waiting:
-                    held.append(row[_ID])
-                    continue
-                try:
-                    publisher.publish_id(row[_ID])
-                except Exception as failure:  # the publisher refused it: charge it
-                    failed.append(row[_ID])
-                    waiting.add(row[_STAGED_AT])
-                    error = str(failure)
-                    continue
-                published.append(row[_ID])
-            if failed:
-                params: dict[str, Any] = {"published": published, "token": token}
-                params.update(error=error, delay=delay, failed=failed, held=held)
-                conn.execute(RAW_SETTLE, params)
+            done = _publish(rows, token, publisher)
+            if loop == "riding":
+                carried = done  # written by the next claim (the last one is left: untimed)
+            elif loop == "parking":
+                conn.execute(
+                    RAW_PARKING_SETTLE if done.failed else RAW_PARKING_MARK,
+                    done.params("token", delay),
+                )
+            elif done.failed:
+                conn.execute(RAW_SETTLE, done.params("token", delay))
             else:
-                conn.execute(RAW_MARK, (published, token))
+                conn.execute(RAW_MARK, (done.published, token))
         return time.perf_counter() - start

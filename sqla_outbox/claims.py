@@ -80,6 +80,15 @@ class Claimed:
     taken_at: float = field(default_factory=time.monotonic)
     """When the claim came back (``time.monotonic()``); its lease runs from about then."""
 
+    def attempts_of(self, message: OutboxMessage) -> int:
+        """The failed attempts before this claim of ``message``, one of this claim's own
+        messages (found by identity: a pass hands back the objects it was given, and a few
+        identity checks cost less than hashing every id of the claim, as a dict would)."""
+        for claimed, attempts in zip(self.messages, self.attempts, strict=True):
+            if claimed is message:
+                return attempts
+        raise ValueError(f"message {message.id} is not one of claim {self.token}'s")
+
     @property
     def held_unparked(self) -> int:
         """Rows it had to leave that it did not park: they stay in the claim's index, held by

@@ -63,6 +63,23 @@ def logfmt(fields: dict[str, Any]) -> str:
     return " ".join(f"{key}={_value(value)}" for key, value in fields.items() if value is not None)
 
 
+class _Logfmt:
+    """``fields`` as :func:`logfmt`, rendered when a handler formats the record's message.
+
+    A record's arguments are rendered only by ``getMessage()``: a handler that never formats
+    (a counter, a filter that drops it, a formatter reading ``outbox_fields``) costs nothing
+    here, as with ``logging``'s own ``%s`` arguments.
+    """
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return logfmt(self.fields)
+
+
 def describe_error(error: BaseException) -> str:
     """``Type: message``, or just ``Type`` for an error without one (``CancelledError()``): how
     every log line and ``last_error`` names an error."""
@@ -89,7 +106,7 @@ def log_event(
         level,
         "event=%s %s",
         event,
-        logfmt(fields),
+        _Logfmt(fields),
         exc_info=exc_info,
         extra={"outbox_event": event, "outbox_fields": fields},
     )

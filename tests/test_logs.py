@@ -116,6 +116,43 @@ def test_log_event_attaches_an_exception(caplog: pytest.LogCaptureFixture) -> No
     assert made.exc_info is not None and "broker said no" in str(made.exc_info[1])
 
 
+def test_log_event_renders_its_fields_only_when_a_handler_formats_it() -> None:
+    """The record's message is the event's logfmt line, rendered by ``getMessage()``: logging
+    the event does not format its fields for a handler that never asks (a failing drain logs
+    one event per failure)."""
+
+    class Loud:
+        rendered = 0
+
+        def __str__(self) -> str:
+            Loud.rendered += 1
+            return "loud value"
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    logger = logging.getLogger("sqla_outbox.test_logs.lazy")
+    keep = Keep()
+    logger.addHandler(keep)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # pytest's own capture formats every record it sees
+    try:
+        log_event(logger, logging.WARNING, "thing.done", x=Loud(), skipped=None)
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
+    [made] = keep.records
+    assert Loud.rendered == 0
+    assert made.getMessage() == 'event=thing.done x="loud value"'
+    assert Loud.rendered == 1
+
+
 # --- the per-pass DEBUG line -------------------------------------------------------------------
 
 

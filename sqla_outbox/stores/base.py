@@ -244,11 +244,10 @@ class SqlStore:
         conn.execute(self._unpark, {"ids": ids})
 
     def _failures(self, claimed: Claimed, outcome: PassOutcome) -> list[dict[str, Any]]:
-        before = dict(zip((m.id for m in claimed.messages), claimed.attempts, strict=True))
         now = dt.datetime.now(dt.timezone.utc)
         failures = []
         for message, error in outcome.failed:
-            attempts = before[message.id] + 1
+            attempts = claimed.attempts_of(message) + 1
             backoff = self._retry.backoff(attempts)
             params = {
                 "token": claimed.token,
