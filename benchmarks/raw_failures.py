@@ -284,6 +284,7 @@ def drain_raw_failing(
         while not publisher.done():
             token = f"raw:{secrets.token_hex(8)}"
             params: dict[str, Any] = {"token": token, "batch": batch}
+            wrote = carried is not None
             if loop == "probing":
                 claim = RAW_FAILING_CLAIM
             elif carried is None:
@@ -294,8 +295,10 @@ def drain_raw_failing(
                 carried = None
             rows = conn.execute(claim, params).fetchall()
             if loop != "probing" and rows[0][_ID] is None:
-                if rows[0][-1]:
-                    continue  # it parked rows and took none: the next claim sees past them
+                if rows[0][-1] or wrote:
+                    # It parked rows, or its write-back may have unparked some, and it took
+                    # none: the next claim sees past them.
+                    continue
                 rows = []
             if not rows:
                 row = conn.execute(RAW_NEXT_RETRY).fetchone()
