@@ -50,7 +50,8 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql import operators
+from sqlalchemy.sql.elements import BindParameter, UnaryExpression
 
 from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.message import OutboxMessage
@@ -181,6 +182,21 @@ def _unpublished(table: Any = outbox_table) -> ColumnElement[bool]:
     return unpublished
 
 
+def _not_parked(table: Any, dialect: str) -> ColumnElement[bool]:
+    """``NOT parked`` in the words of ``ix_outbox_claimable``'s predicate, where that matters.
+
+    Where booleans are integers SQLAlchemy writes ``~parked`` as ``parked = 0``, and SQLite's
+    planner uses a partial index only for a query that repeats each term of its predicate as
+    written: with ``parked = 0`` every SQLite claim read ``ix_outbox_unpublished``, parked and
+    dead rows included. PostgreSQL writes ``NOT parked`` either way; MySQL keeps ``parked = 0``,
+    the comparison its index (``parked`` as a column, no predicate) can seek on.
+    """
+    if dialect == "sqlite":
+        return UnaryExpression(table.c.parked, operator=operators.inv, type_=Boolean())
+    not_parked: ColumnElement[bool] = ~table.c.parked
+    return not_parked
+
+
 def _position(table: Any) -> Any:
     """A row's place in claim order."""
     return tuple_(table.c.staged_at, table.c.id)
@@ -294,7 +310,7 @@ def _locking_read(
     claimable = [
         _unpublished(),
         t.c.dead_at.is_(None),
-        ~t.c.parked,
+        _not_parked(t, dialect),
         t.c.run_at <= now,
         or_(t.c.retry_at.is_(None), t.c.retry_at <= now),
         or_(t.c.claimed_at.is_(None), t.c.claimed_at < _lease_cutoff(dialect)),
@@ -386,7 +402,7 @@ def _crowded(candidates: Any, end: Any, dialect: str, previous: _Previous | None
             *_holding(ahead_row, dialect, previous),
             *mine,
             ahead_row.c.dead_at.is_(None),  # the claim index's rows: no dead or parked ones
-            ~ahead_row.c.parked,
+            _not_parked(ahead_row, dialect),
             or_(ahead_row.c.retry_at.is_(None), ahead_row.c.retry_at <= now),
             _position(ahead_row) <= last,
         )

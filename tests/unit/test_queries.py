@@ -146,21 +146,7 @@ def test_candidates_are_claimable_rows_in_claim_order(dialect: str, order: str) 
     assert "ORDER BY outbox.staged_at, outbox.id LIMIT" in candidates
 
 
-@pytest.mark.parametrize(
-    "dialect",
-    [
-        "postgresql",
-        pytest.param(
-            "sqlite",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="library bug: on SQLite `~parked` compiles to `outbox.parked = 0`, which "
-                "SQLite's planner does not match to the index's `NOT parked`, so the claim "
-                "scans ix_outbox_unpublished (parked and dead rows included) instead",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
 def test_the_claim_can_use_the_claimable_partial_index(dialect: str) -> None:
     """Every term of ix_outbox_claimable's predicate (``published_at IS NULL AND dead_at IS
     NULL AND NOT parked``) appears verbatim in the candidates' WHERE, as a planner needs to use
