@@ -273,9 +273,10 @@ def drain_raw_failing(
 ) -> float:
     """Run a hand-written relay until ``publisher`` has everything; the seconds it took.
 
-    ``loop``: ``"probing"`` (the floor: nothing parked), ``"parking"`` (the bounded floor: a
-    claim, then a write-back, per pass) or ``"riding"`` (the bounded floor with each pass's
-    write-back riding on the next claim, one statement per pass, as the library's relay does).
+    ``loop``: ``"probing"`` (the floor: nothing parked), ``"parking"`` (parks as the library
+    does; a claim, then a write-back, two statements a pass) or ``"riding"`` (the bounded
+    floor: the parking loop with each pass's write-back riding on the next claim, one statement
+    a pass, as the library's relay sends it).
     """
     delay = dt.timedelta(seconds=retry)
     carried: _Pass | None = None

@@ -50,7 +50,7 @@ def test_the_sqlite_claim_reads_the_claimable_index_past_parked_rows(
 
     published: list[outbox.OutboxMessage] = []
     with outbox.Relay(sqlite_engine, published.append, batch_size=DUE) as relay:
-        # The relay's own engine (SQLite's claims take the write lock: see engines.relay_engine).
+        # A relay on an SQLite file runs on an engine of its own (stores.relay_engine).
         event.listen(relay.engine, "before_cursor_execute", keep_claims)
         relay.tick()
     assert len(published) == DUE
