@@ -109,56 +109,55 @@ RAW_FAILING_CLAIM = probing_claim()
 """Workload 9's claim: the raw one, skipping rows in backoff and the later rows of their
 transactions (the workload has no ordering keys and no dead letters)."""
 
-RAW_SETTLE = (
-    "WITH marked AS (UPDATE outbox SET published_at = now() WHERE id = ANY(%(published)s) "
-    "AND claimed_by = %(token)s AND published_at IS NULL RETURNING 1), "
-    "charged AS (UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s, "
-    "retry_at = now() + %(delay)s, claimed_by = NULL, claimed_at = NULL "
-    "WHERE id = ANY(%(failed)s) AND claimed_by = %(token)s AND published_at IS NULL RETURNING 1), "
-    "released AS (UPDATE outbox SET claimed_by = NULL, claimed_at = NULL "
-    "WHERE id = ANY(%(held)s) AND claimed_by = %(token)s AND published_at IS NULL RETURNING 1) "
-    "SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM charged), "
-    "(SELECT count(*) FROM released)"
-)
-"""A pass with a failure, written back in one fenced statement: mark, charge, hand back."""
 
+def _write_back(token: str, *, failed: bool, parks: bool = True) -> list[str]:
+    """The CTEs that write a pass back, fenced on ``%(token)s``.
 
-def _write_back(token: str, *, failed: bool) -> list[str]:
-    """The CTEs that write a pass of the parking loop back, fenced on ``%(token)s``.
-
-    Mark what was published and unpark the parked rows of its transactions (their holder is
-    out; ``= ANY(ARRAY(...))`` probes the small ``ix_outbox_parked_group`` once per marked row,
-    where ``IN (SELECT ...)`` compared every parked row with every marked one); with ``failed``
-    also charge the failed rows, hand back parked the rows they held back in the claim, and park
-    the unclaimed later rows of their transactions.
+    Mark what was published; with ``failed`` also charge the failed rows and hand back the rows
+    they held back in the claim. With ``parks`` (the parking loops) the mark also unparks the
+    parked rows of its transactions (their holder is out; ``= ANY(ARRAY(...))`` probes the small
+    ``ix_outbox_parked_group`` once per marked row, where ``IN (SELECT ...)`` compared every
+    parked row with every marked one), what is handed back is parked, and so are the unclaimed
+    later rows of the failed rows' transactions.
     """
     fence = f"claimed_by = %({token})s AND published_at IS NULL"
     ctes = [
         "marked AS (UPDATE outbox SET published_at = now() "
-        f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)",
-        "unparked AS (UPDATE outbox SET parked = false WHERE parked "
-        "AND staged_at = ANY(ARRAY(SELECT staged_at FROM marked)) RETURNING 1)",
+        f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)"
     ]
+    if parks:
+        ctes.append(
+            "unparked AS (UPDATE outbox SET parked = false WHERE parked "
+            "AND staged_at = ANY(ARRAY(SELECT staged_at FROM marked)) RETURNING 1)"
+        )
     if failed:
         ctes += [
             "charged AS (UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s, "
             "retry_at = now() + %(delay)s, claimed_by = NULL, claimed_at = NULL "
             f"WHERE id = ANY(%(failed)s::uuid[]) AND {fence} RETURNING 1)",
-            "released AS (UPDATE outbox SET claimed_by = NULL, claimed_at = NULL, parked = true "
+            "released AS (UPDATE outbox SET claimed_by = NULL, claimed_at = NULL"
+            f"{', parked = true' if parks else ''} "
             f"WHERE id = ANY(%(held)s::uuid[]) AND {fence} RETURNING 1)",
+        ]
+    if failed and parks:
+        ctes.append(
             "behind AS (UPDATE outbox o SET parked = true "
             "FROM unnest(%(failed)s::uuid[], %(failed_at)s::timestamptz[]) AS f(id, staged_at) "
             "WHERE o.staged_at = f.staged_at AND o.id > f.id AND o.published_at IS NULL "
-            "AND o.claimed_by IS NULL AND NOT o.parked RETURNING 1)",
-        ]
+            "AND o.claimed_by IS NULL AND NOT o.parked RETURNING 1)"
+        )
     return ctes
 
 
-def _written(*, failed: bool) -> str:
+def _written(*, failed: bool, parks: bool = True) -> str:
     """A write-back on its own: its CTEs, and the rows each touched."""
-    names = ["marked", "unparked"] + (["charged", "released", "behind"] if failed else [])
-    counts = ", ".join(f"(SELECT count(*) FROM {name})" for name in names)
-    return f"WITH {', '.join(_write_back('token', failed=failed))} SELECT {counts}"
+    ctes = _write_back("token", failed=failed, parks=parks)
+    counts = ", ".join(f"(SELECT count(*) FROM {cte.split(' AS ', 1)[0]})" for cte in ctes)
+    return f"WITH {', '.join(ctes)} SELECT {counts}"
+
+
+RAW_SETTLE = _written(failed=True, parks=False)
+"""A pass with a failure, written back in one fenced statement: mark, charge, hand back."""
 
 
 def _parking_claim(carries: str | None = None) -> str:

@@ -246,8 +246,9 @@ class SqlStore:
     def _failures(self, claimed: Claimed, outcome: PassOutcome) -> list[dict[str, Any]]:
         now = dt.datetime.now(dt.timezone.utc)
         failures = []
-        for message, error in outcome.failed:
-            attempts = claimed.attempts_of(message) + 1
+        before = claimed.attempts_of([message for message, _error in outcome.failed])
+        for (message, error), tried in zip(outcome.failed, before, strict=True):
+            attempts = tried + 1
             backoff = self._retry.backoff(attempts)
             params = {
                 "token": claimed.token,

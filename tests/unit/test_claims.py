@@ -30,8 +30,9 @@ def test_attempts_are_those_of_the_claims_own_message() -> None:
     """By identity: an equal message that is not one of the claim's is refused, not guessed."""
     messages = [message(1), message(2), message(3)]
     claimed = Claimed("t", messages, [0, 4, 1])
-    assert [claimed.attempts_of(m) for m in messages] == [0, 4, 1]
+    assert claimed.attempts_of(messages) == [0, 4, 1]
+    assert claimed.attempts_of([messages[2], messages[0]]) == [1, 0]
     stranger = message(2)
     assert stranger == messages[1]
     with pytest.raises(ValueError, match="is not one of claim t's"):
-        claimed.attempts_of(stranger)
+        claimed.attempts_of([messages[0], stranger])
