@@ -269,6 +269,19 @@ def _holding(table: Any, dialect: str, previous: _Previous | None) -> list[Colum
     return conditions
 
 
+def _charged(table: Any) -> ColumnElement[bool]:
+    """A row some publish of which failed: ``attempts > 0``, the predicate of
+    ``ix_outbox_failing`` (with ``published_at IS NULL``).
+
+    The ``0`` is written into the SQL, not bound: the relay's prepared statements run on
+    generic plans, and a generic plan cannot prove ``attempts > $1`` implies the index's
+    ``attempts > 0``, so a probe for a transaction's failed rows read every unpublished row of
+    the transaction through ``ix_outbox_unpublished`` instead of the few failed ones.
+    """
+    charged: ColumnElement[bool] = table.c.attempts > literal_column("0")
+    return charged
+
+
 def _stuck(table: Any, dialect: str) -> ColumnElement[bool]:
     """A holder that will not go away by itself within a pass: dead, backing off, or parked.
 
@@ -323,7 +336,7 @@ def _locking_read(
         failing = t.alias("failing")
         first_failing = (
             select(failing.c.staged_at, failing.c.id)
-            .where(*_holding(failing, dialect, previous), failing.c.attempts > 0)
+            .where(*_holding(failing, dialect, previous), _charged(failing))
             .order_by(failing.c.staged_at, failing.c.id)
             .limit(literal_column("1"))
         )
@@ -456,7 +469,7 @@ def _crowded(candidates: Any, end: Any, dialect: str, previous: _Previous | None
                 .scalar_subquery()
             )
 
-        charged = probe("charged", lambda row: and_(row.c.attempts > 0, _stuck(row, dialect)))
+        charged = probe("charged", lambda row: and_(_charged(row), _stuck(row, dialect)))
         parked = probe("parked", lambda row: row.c.parked)
         probe_hit = or_(charged.is_not(None), parked.is_not(None))
         return exists(select(literal_column("1")).select_from(owners).where(probe_hit))
@@ -1210,7 +1223,7 @@ def status_stmt(dialect: str) -> Select[int, int, Any, int, int, int, int]:
             func.count().label("pending"),
             due.label("due"),
             func.min(t.c.staged_at).label("oldest_staged_at"),
-            rows(t.c.attempts > 0).label("failing"),
+            rows(_charged(t)).label("failing"),
             rows(t.c.dead_at.is_not(None)).label("dead"),
             rows(alive, t.c.retry_at > now).label("backing_off"),
             rows(alive, t.c.parked).label("parked"),
@@ -1248,7 +1261,7 @@ def holding_stmt() -> Select[Any]:
     t = outbox_table
     return (
         select(*_MESSAGE_COLUMNS, *_FAILURE_COLUMNS)
-        .where(_unpublished(), t.c.attempts > 0)
+        .where(_unpublished(), _charged(t))
         .order_by(t.c.staged_at, t.c.id)
         .limit(bindparam("limit"))
     )

@@ -816,6 +816,41 @@ def test_the_claim_carrying_a_failed_pass_keeps_a_generic_plan(
     assert generic > custom, f"{generic} generic and {custom} custom plans"
 
 
+@pytest.mark.parametrize("order", ["key", "strict"])
+def test_the_claims_probes_for_failed_rows_read_the_failing_index_on_a_generic_plan(
+    pg_engine: Engine, make_relay: MakeRelay, order: str
+) -> None:
+    """The claim's probes for failed rows (the gate's per transaction and key; in strict order,
+    the first failed row) are meant to read ``ix_outbox_failing``, which holds only the failed,
+    unpublished rows. The relay's claims run on generic plans (the tests above), and a generic
+    plan cannot use that partial index for ``attempts > $1``: the ``0`` must be in the SQL.
+    With it bound, each probe read its transaction's unpublished rows instead, and strict
+    order's first-failed-row search walked the backlog. Plans read through ``auto_explain``."""
+    stage_each(pg_engine, ((f"m{n}", None) for n in range(300)), per_transaction=10)
+    relay = make_relay(pg_engine, Broker(), batch_size=100, order=order)
+    store = relay._statements
+    held = store._held_connection()
+    try:
+        held.exec_driver_sql("LOAD 'auto_explain'")
+    except Exception as error:  # contrib missing, or not allowed to LOAD it
+        pytest.skip(f"auto_explain cannot be loaded here: {error}")
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "plan_cache_mode = force_generic_plan",
+        "client_min_messages = log",
+    ):
+        held.exec_driver_sql(f"SET {setting}")
+    plans: list[str] = []
+    driver = held.connection.driver_connection
+    driver.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    for n in range(7):  # past psycopg's prepare threshold: the prepared, generic plan
+        store.claim(f"{relay.relay_id}:{n}", None)
+    store.drop_connection()
+    claims = [plan for plan in plans if "candidates AS" in plan]
+    assert claims, plans
+    assert "using ix_outbox_failing" in claims[-1], claims[-1]  # (no query names an index)
+
+
 def test_a_stuck_row_parks_only_what_comes_after_it(engine: Engine, make_relay: MakeRelay) -> None:
     """Key K: a due message, a dead letter, another due message. The claim meets both due ones
     with the dead letter between them: it parks only the later one and publishes the earlier,
