@@ -37,6 +37,17 @@ And **riding** (``loop="riding"``, the bounded floor): the parking loop with eac
 write-back sent inside the next claim (:data:`RAW_RIDING_CLAIMS`), one statement a pass, as the
 library's relay sends it; the claim then leaves the previous claim's rows and, after a failure,
 the failed rows' transactions, which its own write-back parks.
+
+And **keeping** (``loop="keeping"``), a floor for a design the library does not have: the riding
+loop, except that a failed row and the rows of its transaction after it in its claim stay
+claimed by the relay through the backoff. The write-back charges the failed row (same backoff)
+and parks only the unclaimed later rows of its transaction; nothing is handed back, parked and
+unparked, or claimed again. Once the backoff has passed, a later pass publishes the kept rows in
+order (their marks fenced on the claims that took them), together with that pass's own claim.
+Its claims (:data:`RAW_KEEPING_CLAIMS`) step over the kept rows (their lease is live), and hold
+a transaction back behind any failed, unpublished row of it, whether its backoff is over or not.
+A single relay with a 30-second lease needs no renewal for a 50 ms backoff; a library relay
+would have to renew kept claims, hand them back on stop, and fence them against other relays.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from sqla_outbox import queries
 
 __all__ = [
     "RAW_FAILING_CLAIM",
+    "RAW_KEEPING_CLAIMS",
     "RAW_NEXT_RETRY",
     "RAW_PARKING_CLAIM",
     "RAW_PARKING_MARK",
@@ -207,6 +219,70 @@ and the unclaimed later rows of the failed rows' transactions, and unparking beh
 RAW_RIDING_CLAIMS = {carries: _parking_claim(carries) for carries in ("mark", "settle")}
 """The riding loop's claims, by what they carry: a mark, or a pass with a failure."""
 
+_FAILED = "e.published_at IS NULL AND e.attempts > 0"
+"""A failed row the keeping loop holds back behind: unpublished, whether its backoff is over
+or not (it is kept in the relay until its retry publishes it, never claimed again)."""
+
+
+def _keeping_write_back(*, failed: bool) -> list[str]:
+    """The keeping loop's write-back CTEs, fenced on the claims in ``%(tokens)s`` (this pass's
+    and those of the kept rows it retried): mark and unpark as the parking loops do; a failed
+    row is charged but stays claimed, and so do the rows of its transaction after it in the
+    claim (no hand-back, no parking); the unclaimed later rows of its transaction are parked."""
+    fence = "claimed_by = ANY(%(tokens)s::text[]) AND published_at IS NULL"
+    ctes = [
+        "marked AS (UPDATE outbox SET published_at = now() "
+        f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)",
+        "unparked AS (UPDATE outbox SET parked = false WHERE parked "
+        "AND staged_at = ANY(ARRAY(SELECT staged_at FROM marked)) RETURNING 1)",
+    ]
+    if failed:
+        ctes += [
+            "charged AS (UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s, "
+            f"retry_at = now() + %(delay)s WHERE id = ANY(%(failed)s::uuid[]) AND {fence} "
+            "RETURNING 1)",
+            "behind AS (UPDATE outbox o SET parked = true "
+            "FROM unnest(%(failed)s::uuid[], %(failed_at)s::timestamptz[]) AS f(id, staged_at) "
+            "WHERE o.staged_at = f.staged_at AND o.id > f.id AND o.published_at IS NULL "
+            "AND o.claimed_by IS NULL AND NOT o.parked RETURNING 1)",
+        ]
+    return ctes
+
+
+def _keeping_claim(carries: str | None) -> str:
+    """The keeping loop's claim: the bounded floor's (:func:`_parking_claim`), with a failed,
+    unpublished row holding back its transaction whether its backoff is over or not, and the
+    keeping write-back riding on it. Kept rows are claimed (their lease is live), so the claim
+    steps over them; they are never parked or claimed again."""
+    ctes = [] if carries is None else _keeping_write_back(failed=carries == "settle")
+    leave = ""
+    if carries is not None:
+        leave = "AND o.claimed_by IS DISTINCT FROM %(previous)s "
+    if carries == "settle":
+        leave += "AND o.staged_at <> ALL(%(failed_at)s::timestamptz[]) "
+    ctes += [
+        "candidates AS (SELECT o.id, o.staged_at FROM outbox o WHERE o.published_at IS NULL "
+        "AND o.dead_at IS NULL AND NOT o.parked AND o.run_at <= now() "
+        "AND (o.retry_at IS NULL OR o.retry_at <= now()) "
+        "AND (o.claimed_at IS NULL OR o.claimed_at < now() - interval '30 seconds') "
+        f"{leave}ORDER BY o.staged_at, o.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
+        "held AS (SELECT c.id FROM candidates c WHERE EXISTS (SELECT 1 FROM outbox e "
+        f"WHERE {_FAILED} AND e.staged_at = c.staged_at AND e.id < c.id))",
+        "parked AS (UPDATE outbox SET parked = true WHERE id IN (SELECT id FROM held) RETURNING 1)",
+        "claimed AS (UPDATE outbox SET claimed_by = %(token)s, claimed_at = now() "
+        "WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE id NOT IN (SELECT id FROM held))) "
+        f"RETURNING {_COLUMNS})",
+    ]
+    return (
+        f"WITH {', '.join(ctes)} "
+        "SELECT claimed.*, (SELECT count(*) FROM parked) FROM (SELECT 1) AS one "
+        "LEFT JOIN claimed ON true ORDER BY staged_at, id"
+    )
+
+
+RAW_KEEPING_CLAIMS = {carries: _keeping_claim(carries) for carries in (None, "mark", "settle")}
+"""The keeping loop's claims, by what they carry: nothing, a mark, or a pass with a failure."""
+
 RAW_NEXT_RETRY = (
     "SELECT greatest(extract(epoch FROM min(retry_at) - now()), 0) FROM outbox "
     "WHERE published_at IS NULL AND attempts > 0"
@@ -267,16 +343,130 @@ def _publish(rows: list[Any], token: str, publisher: Publisher) -> _Pass:
     return done
 
 
+@dataclass
+class _Kept:
+    """Rows a failure holds in the keeping loop: the failed row first, then the rows of its
+    transaction after it that its claim took; all still claimed by ``token``."""
+
+    token: str
+    rows: list[Any]
+    due: float
+    """``time.monotonic()`` when the failed row's backoff ends."""
+
+
+@dataclass
+class _KeepingPass:
+    """What one pass of the keeping loop did: its write-back, and what it keeps."""
+
+    tokens: list[str]
+    published: list[Any] = field(default_factory=list)
+    failed: list[Any] = field(default_factory=list)
+    failed_at: list[Any] = field(default_factory=list)
+    error: str = ""
+    kept: list[_Kept] = field(default_factory=list)
+
+    def params(self, delay: dt.timedelta) -> dict[str, Any]:
+        """Its write-back's parameters."""
+        params: dict[str, Any] = {
+            "previous": self.tokens[0],
+            "tokens": self.tokens,
+            "published": self.published,
+        }
+        if self.failed:
+            params.update(
+                error=self.error, delay=delay, failed=self.failed, failed_at=self.failed_at
+            )
+        return params
+
+
+def _publish_keeping(
+    groups: list[tuple[str, list[Any]]], publisher: Publisher, retry: float
+) -> _KeepingPass:
+    """Publish ``(token, rows)`` groups in order (the due kept groups, then the claim); a failed
+    row and its transaction's later rows of the same group are kept, claimed, for its retry."""
+    done = _KeepingPass([token for token, _rows in groups])
+    for token, rows in groups:
+        kept: dict[Any, _Kept] = {}  # by transaction: what a failure in this group keeps
+        for row in rows:
+            waiting = kept.get(row[_STAGED_AT])
+            if waiting is not None:
+                waiting.rows.append(row)
+                continue
+            try:
+                publisher.publish_id(row[_ID])
+            except Exception as failure:  # the publisher refused it: charge it, keep it
+                done.failed.append(row[_ID])
+                done.failed_at.append(row[_STAGED_AT])
+                done.error = str(failure)
+                kept[row[_STAGED_AT]] = _Kept(token, [row], time.monotonic() + retry)
+                continue
+            done.published.append(row[_ID])
+        done.kept.extend(kept.values())
+    return done
+
+
+def _drain_keeping(ctx: Context, publisher: Publisher, batch: int, retry: float) -> float:
+    """The keeping loop (see :func:`drain_raw_failing`); the seconds it took."""
+    delay = dt.timedelta(seconds=retry)
+    carried: _KeepingPass | None = None
+    kept: list[_Kept] = []
+    with ctx.raw() as conn:
+        start = time.perf_counter()
+        while not publisher.done():
+            token = f"raw:{secrets.token_hex(8)}"
+            params: dict[str, Any] = {"token": token, "batch": batch}
+            wrote = carried is not None
+            if carried is None:
+                claim = RAW_KEEPING_CLAIMS[None]
+            else:
+                claim = RAW_KEEPING_CLAIMS["settle" if carried.failed else "mark"]
+                params.update(carried.params(delay))
+                carried = None
+            rows = conn.execute(claim, params).fetchall()
+            parked = rows[0][-1]
+            if rows[0][_ID] is None:
+                rows = []
+            now = time.monotonic()
+            due = [group for group in kept if group.due <= now]
+            if not rows and not due:
+                if parked or wrote:
+                    continue  # it made room, or its write-back may have: look again at once
+                if kept:
+                    time.sleep(max(min(group.due for group in kept) - now, 0.0))
+                    continue
+                row = conn.execute(RAW_NEXT_RETRY).fetchone()
+                if row is None or row[0] is None:
+                    break  # nothing left to wait for: the caller counts what is missing
+                time.sleep(float(row[0]))
+                continue
+            kept = [group for group in kept if group.due > now]
+            groups = [(group.token, group.rows) for group in due]
+            done = _publish_keeping([(token, rows), *groups], publisher, retry)
+            kept.extend(done.kept)
+            carried = done  # written by the next claim (the last one is left: untimed)
+        return time.perf_counter() - start
+
+
 def drain_raw_failing(
     ctx: Context, publisher: Publisher, batch: int, retry: float, *, loop: str = "probing"
 ) -> float:
     """Run a hand-written relay until ``publisher`` has everything; the seconds it took.
 
     ``loop``: ``"probing"`` (the floor: nothing parked), ``"parking"`` (parks as the library
-    does; a claim, then a write-back, two statements a pass) or ``"riding"`` (the bounded
+    does; a claim, then a write-back, two statements a pass), ``"riding"`` (the bounded
     floor: the parking loop with each pass's write-back riding on the next claim, one statement
-    a pass, as the library's relay sends it).
+    a pass, as the library's relay sends it) or ``"keeping"`` (failed rows stay claimed in the
+    relay through their backoff, see the module docs).
     """
+    if loop == "keeping":
+        return _drain_keeping(ctx, publisher, batch, retry)
+    return _drain_handing_back(ctx, publisher, batch, retry, loop)
+
+
+def _drain_handing_back(
+    ctx: Context, publisher: Publisher, batch: int, retry: float, loop: str
+) -> float:
+    """The loops that hand a failed pass's rows back (see :func:`drain_raw_failing`)."""
     delay = dt.timedelta(seconds=retry)
     carried: _Pass | None = None
     with ctx.raw() as conn:
