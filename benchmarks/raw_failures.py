@@ -224,12 +224,14 @@ _FAILED = "e.published_at IS NULL AND e.attempts > 0"
 or not (it is kept in the relay until its retry publishes it, never claimed again)."""
 
 
-def _keeping_write_back(*, failed: bool) -> list[str]:
-    """The keeping loop's write-back CTEs, fenced on the claims in ``%(tokens)s`` (this pass's
-    and those of the kept rows it retried): mark and unpark as the parking loops do; a failed
-    row is charged but stays claimed, and so do the rows of its transaction after it in the
-    claim (no hand-back, no parking); the unclaimed later rows of its transaction are parked."""
-    fence = "claimed_by = ANY(%(tokens)s::text[]) AND published_at IS NULL"
+def _keeping_write_back(*, failed: bool, kept: bool) -> list[str]:
+    """The keeping loop's write-back CTEs, fenced on the pass's claim (``%(previous)s``) or,
+    with ``kept`` (the pass published kept rows too), on the claims in ``%(tokens)s``: mark and
+    unpark as the parking loops do; a failed row is charged but stays claimed, and so do the
+    rows of its transaction after it in the claim (no hand-back, no parking); the unclaimed
+    later rows of its transaction are parked."""
+    claims = "ANY(%(tokens)s::text[])" if kept else "%(previous)s"
+    fence = f"claimed_by = {claims} AND published_at IS NULL"
     ctes = [
         "marked AS (UPDATE outbox SET published_at = now() "
         f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)",
@@ -249,12 +251,12 @@ def _keeping_write_back(*, failed: bool) -> list[str]:
     return ctes
 
 
-def _keeping_claim(carries: str | None) -> str:
+def _keeping_claim(carries: str | None, *, kept: bool = False) -> str:
     """The keeping loop's claim: the bounded floor's (:func:`_parking_claim`), with a failed,
     unpublished row holding back its transaction whether its backoff is over or not, and the
     keeping write-back riding on it. Kept rows are claimed (their lease is live), so the claim
     steps over them; they are never parked or claimed again."""
-    ctes = [] if carries is None else _keeping_write_back(failed=carries == "settle")
+    ctes = [] if carries is None else _keeping_write_back(failed=carries == "settle", kept=kept)
     leave = ""
     if carries is not None:
         leave = "AND o.claimed_by IS DISTINCT FROM %(previous)s "
@@ -280,8 +282,13 @@ def _keeping_claim(carries: str | None) -> str:
     )
 
 
-RAW_KEEPING_CLAIMS = {carries: _keeping_claim(carries) for carries in (None, "mark", "settle")}
-"""The keeping loop's claims, by what they carry: nothing, a mark, or a pass with a failure."""
+RAW_KEEPING_CLAIMS = {
+    (carries, kept): _keeping_claim(carries, kept=kept)
+    for carries in (None, "mark", "settle")
+    for kept in (False, True)
+}
+"""The keeping loop's claims, by what they carry (nothing, a mark, or a pass with a failure) and
+whether that pass published kept rows (its write-back is then fenced on several claims)."""
 
 RAW_NEXT_RETRY = (
     "SELECT greatest(extract(epoch FROM min(retry_at) - now()), 0) FROM outbox "
@@ -417,9 +424,10 @@ def _drain_keeping(ctx: Context, publisher: Publisher, batch: int, retry: float)
             params: dict[str, Any] = {"token": token, "batch": batch}
             wrote = carried is not None
             if carried is None:
-                claim = RAW_KEEPING_CLAIMS[None]
+                claim = RAW_KEEPING_CLAIMS[None, False]
             else:
-                claim = RAW_KEEPING_CLAIMS["settle" if carried.failed else "mark"]
+                carries = "settle" if carried.failed else "mark"
+                claim = RAW_KEEPING_CLAIMS[carries, len(carried.tokens) > 1]
                 params.update(carried.params(delay))
                 carried = None
             rows = conn.execute(claim, params).fetchall()
