@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from support import REPO, MakeRelay, cli_env, expire_backoffs, recorded_ids, url_of, wait_until
 
 import sqla_outbox as outbox
+from sqla_outbox import queries
 from sqla_outbox.claims import WriteBack
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishing import PassOutcome
@@ -849,6 +850,53 @@ def test_the_claims_probes_for_failed_rows_read_the_failing_index_on_a_generic_p
     claims = [plan for plan in plans if "candidates AS" in plan]
     assert claims, plans
     assert "using ix_outbox_failing" in claims[-1], claims[-1]  # (no query names an index)
+
+
+def _rows_read(plan: dict[str, Any]) -> int:
+    """Table and index rows a JSON ``EXPLAIN ANALYZE`` plan node and its children read."""
+    read = 0
+    if "Relation Name" in plan or "Index Name" in plan:
+        rows = plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
+        read += int(rows * plan["Actual Loops"])
+    return read + sum(_rows_read(child) for child in plan.get("Plans", []))
+
+
+def test_a_sweep_reads_a_few_rows_per_parked_row(pg_engine: Engine) -> None:
+    """40 ordering keys, 25 one-message transactions each, every key's first message a dead
+    letter and the rest parked behind it (after the table was last analysed, as a relay parks).
+    The sweep frees none of them and reads two rows for each: the parked row, and one step
+    back along its key (1,920 rows). It read the key's earlier rows for every parked row
+    (51,840 rows here, growing with the square of a key's depth), every few seconds while
+    anything is parked."""
+    keys, per_key = 40, 25
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO outbox (id, job, queue, input, idempotency_key, run_at, staged_at, "
+            "ordering_key) SELECT gen_random_uuid(), 'job', 'default', '{}', 'k' || n, "
+            "now() - interval '1 hour', now() - interval '1 hour' + n * interval '1 ms', "
+            f"'key-' || n %% {keys} FROM generate_series(0, {keys * per_key - 1}) AS n"
+        )
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE outbox")
+    with pg_engine.begin() as conn:
+        heads = (
+            "id IN (SELECT DISTINCT ON (ordering_key) id FROM outbox "
+            "ORDER BY ordering_key, staged_at, id)"
+        )
+        conn.exec_driver_sql(f"UPDATE outbox SET attempts = 3, dead_at = now() WHERE {heads}")
+        conn.exec_driver_sql("UPDATE outbox SET parked = true WHERE dead_at IS NULL")
+    sweep = queries.sweep_parked_stmt("postgresql").compile(dialect=pg_engine.dialect)
+    with pg_engine.connect() as conn:
+        explained = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {sweep}", {**sweep.params, "limit": 1000}
+        ).scalar_one()
+        conn.rollback()
+        still_parked = conn.exec_driver_sql("SELECT count(*) FROM outbox WHERE parked").scalar()
+    parked = keys * (per_key - 1)
+    assert still_parked == parked
+    freeing = explained[0]["Plan"]["Plans"][0]  # what the UPDATE changes: the rows it frees
+    assert freeing["Actual Rows"] == 0
+    assert _rows_read(freeing) <= 4 * parked, _rows_read(freeing)
 
 
 def test_a_stuck_row_parks_only_what_comes_after_it(engine: Engine, make_relay: MakeRelay) -> None:
