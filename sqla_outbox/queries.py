@@ -23,6 +23,7 @@ from sqlalchemy import (
     ARRAY,
     Boolean,
     ColumnElement,
+    CompoundSelect,
     Delete,
     Insert,
     Integer,
@@ -47,6 +48,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union,
     union_all,
     update,
 )
@@ -595,12 +597,28 @@ def _claim_plan(
         )
         return and_(candidates.c[column].in_(stuck_groups), before)
 
-    park = select(candidates.c.id).where(
+    stuck_held = select(candidates.c.id).where(
         or_(
             stuck_before("staged_at", select(held_groups.c.staged_at).where(held_groups.c.stuck)),
             stuck_before("ordering_key", select(held_keys.c.ordering_key).where(held_keys.c.stuck)),
         )
     )
+    park: Select[Any] | CompoundSelect[Any] = stuck_held
+    if dialect == "postgresql":
+        # And the candidates right behind one of those in their transaction or key: what this
+        # claim parks is stuck from now on, so they wait for it as surely. Left unparked, they
+        # counted as rows held by claims in flight and widened the next window, every claim,
+        # while a dead letter held a key with a message in every transaction (windows of 1,600
+        # rows, an exclusion comparing a million pairs, claims of 160-330 ms). (MariaDB failed
+        # this form with a duplicate key in its temporary table; there the next claim parks
+        # them, as before.)
+        parks = stuck_held.add_columns(candidates.c.staged_at, candidates.c.ordering_key)
+        parked_now = parks.cte("stuck_held")
+        behind = candidates.alias("behind_stuck")
+        park = union(
+            select(parked_now.c.id),
+            select(behind.c.id).join(parked_now, _related(behind, parked_now)),
+        )
     claim = (
         select(candidates.c.id)
         .where(candidates.c.id.not_in(select(excluded.c.id)))

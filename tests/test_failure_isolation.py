@@ -899,6 +899,37 @@ def test_a_sweep_reads_a_few_rows_per_parked_row(pg_engine: Engine) -> None:
     assert _rows_read(freeing) <= 4 * parked, _rows_read(freeing)
 
 
+def test_a_claim_parks_what_waits_behind_a_row_it_parks(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A dead letter on key K, and ten transactions of five messages whose third is K's: each
+    K message waits for the dead letter, and the last two of its transaction wait for it. One
+    claim takes the first two of every transaction and parks the other thirty, the K messages
+    and what is behind them alike, so its next window stays at the batch size. It used to park
+    only the K messages and count the rest as held by claims in flight: the next window
+    doubled, claim after claim, up to sixteen batches, while the dead letter stayed."""
+    (dead,) = stage_each(pg_engine, [("dead", "K")])
+    with pg_engine.begin() as conn:
+        conn.execute(
+            update(Row)
+            .where(Row.id == dead.id)
+            .values(attempts=3, dead_at=dt.datetime.now(dt.timezone.utc))
+        )
+    specs = [(f"t{t}m{m}", "K" if m == 2 else None) for t in range(10) for m in range(5)]
+    stage_each(pg_engine, specs, per_transaction=5)
+    relay = make_relay(pg_engine, Broker(), batch_size=50)
+    store = relay._statements
+    claimed = store.claim(f"{relay.relay_id}:1", None)
+    store.drop_connection()
+    assert sorted(m.job for m in claimed.messages) == sorted(
+        f"t{t}m{m}" for t in range(10) for m in range(2)
+    )
+    assert (claimed.held, claimed.parked) == (30, 30)
+    assert store._window == 50
+    state = rows(pg_engine)
+    assert all(state[f"t{t}m{m}"].parked for t in range(10) for m in range(2, 5))
+
+
 def test_a_stuck_row_parks_only_what_comes_after_it(engine: Engine, make_relay: MakeRelay) -> None:
     """Key K: a due message, a dead letter, another due message. The claim meets both due ones
     with the dead letter between them: it parks only the later one and publishes the earlier,
