@@ -521,10 +521,12 @@ def _claim_plan(
     * **Excluded**: the held candidates and, transitively, every later candidate of their
       transactions and keys (a recursive CTE over the few candidates), so a claimed row never
       overtakes one that is not claimed with it.
-    * **Park**: held candidates whose holder is stuck (:func:`_stuck`). Parked rows leave the
-      claim's index, so the next claims find due work past them instead of scanning them again;
-      the mark that publishes their holder unparks them (:func:`mark_published_stmt`), and a
-      periodic sweep (:func:`sweep_parked_stmt`) catches any whose holder went another way.
+    * **Park**: held candidates whose holder is stuck (:func:`_stuck`) and, on PostgreSQL, the
+      candidates right behind one of those in their transaction or key (their holder is parked
+      from now on). Parked rows leave the claim's index, so the next claims find due work past
+      them instead of scanning them again; the mark that publishes their holder unparks them
+      (:func:`mark_published_stmt`), and a periodic sweep (:func:`sweep_parked_stmt`) catches
+      any whose holder went another way.
     * **Whole** (``whole=True``, PostgreSQL's claims): with the ``:whole`` parameter true, a
       claim that reaches ``:limit`` inside a transaction leaves that transaction for the next
       claim (:func:`_whole_transactions`).
