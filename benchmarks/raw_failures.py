@@ -122,17 +122,21 @@ RAW_FAILING_CLAIM = probing_claim()
 transactions (the workload has no ordering keys and no dead letters)."""
 
 
-def _write_back(token: str, *, failed: bool, parks: bool = True) -> list[str]:
-    """The CTEs that write a pass back, fenced on ``%(token)s``.
+def _write_back(
+    token: str, *, failed: bool, parks: bool = True, keeps: bool = False, claims: str = ""
+) -> list[str]:
+    """The CTEs that write a pass back, fenced on ``%(token)s`` (or on ``claims``, SQL naming
+    several claims' tokens).
 
     Mark what was published; with ``failed`` also charge the failed rows and hand back the rows
     they held back in the claim. With ``parks`` (the parking loops) the mark also unparks the
     parked rows of its transactions (their holder is out; ``= ANY(ARRAY(...))`` probes the small
     ``ix_outbox_parked_group`` once per marked row, where ``IN (SELECT ...)`` compared every
     parked row with every marked one), what is handed back is parked, and so are the unclaimed
-    later rows of the failed rows' transactions.
+    later rows of the failed rows' transactions. With ``keeps`` (the keeping loop) the failed
+    rows and what they held back stay claimed: charged, nothing handed back.
     """
-    fence = f"claimed_by = %({token})s AND published_at IS NULL"
+    fence = f"claimed_by = {claims or f'%({token})s'} AND published_at IS NULL"
     ctes = [
         "marked AS (UPDATE outbox SET published_at = now() "
         f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)"
@@ -143,14 +147,18 @@ def _write_back(token: str, *, failed: bool, parks: bool = True) -> list[str]:
             "AND staged_at = ANY(ARRAY(SELECT staged_at FROM marked)) RETURNING 1)"
         )
     if failed:
-        ctes += [
+        release = "" if keeps else ", claimed_by = NULL, claimed_at = NULL"
+        ctes.append(
             "charged AS (UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s, "
-            "retry_at = now() + %(delay)s, claimed_by = NULL, claimed_at = NULL "
-            f"WHERE id = ANY(%(failed)s::uuid[]) AND {fence} RETURNING 1)",
+            f"retry_at = now() + %(delay)s{release} "
+            f"WHERE id = ANY(%(failed)s::uuid[]) AND {fence} RETURNING 1)"
+        )
+    if failed and not keeps:
+        ctes.append(
             "released AS (UPDATE outbox SET claimed_by = NULL, claimed_at = NULL"
             f"{', parked = true' if parks else ''} "
-            f"WHERE id = ANY(%(held)s::uuid[]) AND {fence} RETURNING 1)",
-        ]
+            f"WHERE id = ANY(%(held)s::uuid[]) AND {fence} RETURNING 1)"
+        )
     if failed and parks:
         ctes.append(
             "behind AS (UPDATE outbox o SET parked = true "
@@ -172,7 +180,12 @@ RAW_SETTLE = _written(failed=True, parks=False)
 """A pass with a failure, written back in one fenced statement: mark, charge, hand back."""
 
 
-def _parking_claim(carries: str | None = None) -> str:
+def _parking_claim(
+    carries: str | None = None,
+    *,
+    write_back: list[str] | None = None,
+    holder: str = _STUCK.format(dead=""),
+) -> str:
     """The parking loop's claim: only rows not parked; a row found behind a row in backoff is
     parked, not skipped, so no later claim reads it again. Each row ends with the count of rows
     the claim parked; with none claimed, one row of NULLs and that count (a claim that only
@@ -182,8 +195,14 @@ def _parking_claim(carries: str | None = None) -> str:
     fenced on ``%(previous)s``, as the library's relay does it. Every part sees one snapshot, in
     which the previous claim's rows are still claimed and unpublished: the claim leaves them,
     and, after a failure, the failed rows' transactions, which the write-back parks.
+
+    ``write_back``: other CTEs to carry than the parking loops' (the keeping loop's);
+    ``holder``: what an earlier row of a candidate's transaction must be to hold it back (``e``
+    is that row).
     """
-    ctes = [] if carries is None else _write_back("previous", failed=carries == "settle")
+    ctes = list(write_back or [])
+    if carries is not None and write_back is None:
+        ctes = _write_back("previous", failed=carries == "settle")
     leave = ""
     if carries is not None:
         leave = "AND o.claimed_by IS DISTINCT FROM %(previous)s "
@@ -196,7 +215,7 @@ def _parking_claim(carries: str | None = None) -> str:
         "AND (o.claimed_at IS NULL OR o.claimed_at < now() - interval '30 seconds') "
         f"{leave}ORDER BY o.staged_at, o.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
         "held AS (SELECT c.id FROM candidates c WHERE EXISTS (SELECT 1 FROM outbox e "
-        f"WHERE {_STUCK.format(dead='')} AND e.staged_at = c.staged_at AND e.id < c.id))",
+        f"WHERE {holder} AND e.staged_at = c.staged_at AND e.id < c.id))",
         "parked AS (UPDATE outbox SET parked = true WHERE id IN (SELECT id FROM held) RETURNING 1)",
         "claimed AS (UPDATE outbox SET claimed_by = %(token)s, claimed_at = now() "
         "WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE id NOT IN (SELECT id FROM held))) "
@@ -224,62 +243,20 @@ _FAILED = "e.published_at IS NULL AND e.attempts > 0"
 or not (it is kept in the relay until its retry publishes it, never claimed again)."""
 
 
-def _keeping_write_back(*, failed: bool, kept: bool) -> list[str]:
-    """The keeping loop's write-back CTEs, fenced on the pass's claim (``%(previous)s``) or,
-    with ``kept`` (the pass published kept rows too), on the claims in ``%(tokens)s``: mark and
-    unpark as the parking loops do; a failed row is charged but stays claimed, and so do the
-    rows of its transaction after it in the claim (no hand-back, no parking); the unclaimed
-    later rows of its transaction are parked."""
-    claims = "ANY(%(tokens)s::text[])" if kept else "%(previous)s"
-    fence = f"claimed_by = {claims} AND published_at IS NULL"
-    ctes = [
-        "marked AS (UPDATE outbox SET published_at = now() "
-        f"WHERE id = ANY(%(published)s::uuid[]) AND {fence} RETURNING staged_at)",
-        "unparked AS (UPDATE outbox SET parked = false WHERE parked "
-        "AND staged_at = ANY(ARRAY(SELECT staged_at FROM marked)) RETURNING 1)",
-    ]
-    if failed:
-        ctes += [
-            "charged AS (UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s, "
-            f"retry_at = now() + %(delay)s WHERE id = ANY(%(failed)s::uuid[]) AND {fence} "
-            "RETURNING 1)",
-            "behind AS (UPDATE outbox o SET parked = true "
-            "FROM unnest(%(failed)s::uuid[], %(failed_at)s::timestamptz[]) AS f(id, staged_at) "
-            "WHERE o.staged_at = f.staged_at AND o.id > f.id AND o.published_at IS NULL "
-            "AND o.claimed_by IS NULL AND NOT o.parked RETURNING 1)",
-        ]
-    return ctes
-
-
 def _keeping_claim(carries: str | None, *, kept: bool = False) -> str:
-    """The keeping loop's claim: the bounded floor's (:func:`_parking_claim`), with a failed,
-    unpublished row holding back its transaction whether its backoff is over or not, and the
-    keeping write-back riding on it. Kept rows are claimed (their lease is live), so the claim
-    steps over them; they are never parked or claimed again."""
-    ctes = [] if carries is None else _keeping_write_back(failed=carries == "settle", kept=kept)
-    leave = ""
+    """The keeping loop's claim: the bounded floor's (:func:`_parking_claim`), carrying the
+    keeping write-back (:func:`_write_back` with ``keeps``: a failed row is charged and stays
+    claimed, and so do the rows of its transaction after it in the claim; the unclaimed later
+    rows of its transaction are parked), fenced on the pass's claim or, with ``kept`` (the pass
+    published kept rows too), on the claims in ``%(tokens)s``. A failed, unpublished row holds
+    back its transaction whether its backoff is over or not (:data:`_FAILED`). Kept rows are
+    claimed (their lease is live), so the claim steps over them."""
+    claims = "ANY(%(tokens)s::text[])" if kept else ""
+    write_back = None
     if carries is not None:
-        leave = "AND o.claimed_by IS DISTINCT FROM %(previous)s "
-    if carries == "settle":
-        leave += "AND o.staged_at <> ALL(%(failed_at)s::timestamptz[]) "
-    ctes += [
-        "candidates AS (SELECT o.id, o.staged_at FROM outbox o WHERE o.published_at IS NULL "
-        "AND o.dead_at IS NULL AND NOT o.parked AND o.run_at <= now() "
-        "AND (o.retry_at IS NULL OR o.retry_at <= now()) "
-        "AND (o.claimed_at IS NULL OR o.claimed_at < now() - interval '30 seconds') "
-        f"{leave}ORDER BY o.staged_at, o.id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)",
-        "held AS (SELECT c.id FROM candidates c WHERE EXISTS (SELECT 1 FROM outbox e "
-        f"WHERE {_FAILED} AND e.staged_at = c.staged_at AND e.id < c.id))",
-        "parked AS (UPDATE outbox SET parked = true WHERE id IN (SELECT id FROM held) RETURNING 1)",
-        "claimed AS (UPDATE outbox SET claimed_by = %(token)s, claimed_at = now() "
-        "WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE id NOT IN (SELECT id FROM held))) "
-        f"RETURNING {_COLUMNS})",
-    ]
-    return (
-        f"WITH {', '.join(ctes)} "
-        "SELECT claimed.*, (SELECT count(*) FROM parked) FROM (SELECT 1) AS one "
-        "LEFT JOIN claimed ON true ORDER BY staged_at, id"
-    )
+        failed = carries == "settle"
+        write_back = _write_back("previous", failed=failed, keeps=True, claims=claims)
+    return _parking_claim(carries, write_back=write_back, holder=_FAILED)
 
 
 RAW_KEEPING_CLAIMS = {
@@ -412,6 +389,12 @@ def _publish_keeping(
     return done
 
 
+def _new_pass(batch: int) -> tuple[str, dict[str, Any]]:
+    """A pass's fence token, and its claim's parameters so far."""
+    token = f"raw:{secrets.token_hex(8)}"
+    return token, {"token": token, "batch": batch}
+
+
 def _drain_keeping(ctx: Context, publisher: Publisher, batch: int, retry: float) -> float:
     """The keeping loop (see :func:`drain_raw_failing`); the seconds it took."""
     delay = dt.timedelta(seconds=retry)
@@ -420,8 +403,7 @@ def _drain_keeping(ctx: Context, publisher: Publisher, batch: int, retry: float)
     with ctx.raw() as conn:
         start = time.perf_counter()
         while not publisher.done():
-            token = f"raw:{secrets.token_hex(8)}"
-            params: dict[str, Any] = {"token": token, "batch": batch}
+            token, params = _new_pass(batch)
             wrote = carried is not None
             if carried is None:
                 claim = RAW_KEEPING_CLAIMS[None, False]
@@ -480,8 +462,7 @@ def _drain_handing_back(
     with ctx.raw() as conn:
         start = time.perf_counter()
         while not publisher.done():
-            token = f"raw:{secrets.token_hex(8)}"
-            params: dict[str, Any] = {"token": token, "batch": batch}
+            token, params = _new_pass(batch)
             wrote = carried is not None
             if loop == "probing":
                 claim = RAW_FAILING_CLAIM
