@@ -339,53 +339,40 @@ class _Kept:
 
 
 @dataclass
-class _KeepingPass:
-    """What one pass of the keeping loop did: its write-back, and what it keeps."""
+class _KeepingPass(_Pass):
+    """What one pass of the keeping loop did: its write-back, fenced on its claim (``token``)
+    and on those of the kept rows it retried (``tokens``), and what it keeps."""
 
-    tokens: list[str]
-    published: list[Any] = field(default_factory=list)
-    failed: list[Any] = field(default_factory=list)
-    failed_at: list[Any] = field(default_factory=list)
-    error: str = ""
+    tokens: list[str] = field(default_factory=list)
     kept: list[_Kept] = field(default_factory=list)
 
-    def params(self, delay: dt.timedelta) -> dict[str, Any]:
-        """Its write-back's parameters."""
-        params: dict[str, Any] = {
-            "previous": self.tokens[0],
-            "tokens": self.tokens,
-            "published": self.published,
-        }
-        if self.failed:
-            params.update(
-                error=self.error, delay=delay, failed=self.failed, failed_at=self.failed_at
-            )
-        return params
+    def params(self, token: str, delay: dt.timedelta) -> dict[str, Any]:
+        """Its write-back's parameters (the rows it held back are not written: they are kept)."""
+        return {**super().params(token, delay), "tokens": self.tokens}
 
 
 def _publish_keeping(
     groups: list[tuple[str, list[Any]]], publisher: Publisher, retry: float
 ) -> _KeepingPass:
-    """Publish ``(token, rows)`` groups in order (the due kept groups, then the claim); a failed
-    row and its transaction's later rows of the same group are kept, claimed, for its retry."""
-    done = _KeepingPass([token for token, _rows in groups])
+    """Publish ``(token, rows)`` groups as :func:`_publish` does (the claim, then the due kept
+    groups); a failed row and the rows its failure held back in the same group are kept,
+    claimed, for its retry, one group per transaction."""
+    done = _KeepingPass(groups[0][0], tokens=[token for token, _rows in groups])
     for token, rows in groups:
-        kept: dict[Any, _Kept] = {}  # by transaction: what a failure in this group keeps
+        part = _publish(rows, token, publisher)
+        done.published += part.published
+        if not part.failed:
+            continue
+        done.failed += part.failed
+        done.failed_at += part.failed_at
+        done.error = part.error
+        waiting = {*part.failed, *part.held}
+        due = time.monotonic() + retry
+        kept: dict[Any, _Kept] = {}  # by transaction
         for row in rows:
-            waiting = kept.get(row[_STAGED_AT])
-            if waiting is not None:
-                waiting.rows.append(row)
-                continue
-            try:
-                publisher.publish_id(row[_ID])
-            except Exception as failure:  # the publisher refused it: charge it, keep it
-                done.failed.append(row[_ID])
-                done.failed_at.append(row[_STAGED_AT])
-                done.error = str(failure)
-                kept[row[_STAGED_AT]] = _Kept(token, [row], time.monotonic() + retry)
-                continue
-            done.published.append(row[_ID])
-        done.kept.extend(kept.values())
+            if row[_ID] in waiting:
+                kept.setdefault(row[_STAGED_AT], _Kept(token, [], due)).rows.append(row)
+        done.kept += kept.values()
     return done
 
 
@@ -410,7 +397,7 @@ def _drain_keeping(ctx: Context, publisher: Publisher, batch: int, retry: float)
             else:
                 carries = "settle" if carried.failed else "mark"
                 claim = RAW_KEEPING_CLAIMS[carries, len(carried.tokens) > 1]
-                params.update(carried.params(delay))
+                params.update(carried.params("previous", delay))
                 carried = None
             rows = conn.execute(claim, params).fetchall()
             parked = rows[0][-1]

@@ -993,7 +993,7 @@ def sweep_parked_stmt(dialect: str) -> Update:
     t = outbox_table
     row = t.alias("parked_row")
 
-    def stuck_before(column: str) -> ColumnElement[bool]:
+    def predecessor_stuck(column: str) -> ColumnElement[bool]:
         """Whether the due, unpublished row just before ``row`` in its group is stuck."""
         before = t.alias(f"before_in_{column}")
         last = (
@@ -1009,7 +1009,7 @@ def sweep_parked_stmt(dialect: str) -> Update:
         )
         return func.coalesce(last, false())
 
-    held = or_(stuck_before("staged_at"), stuck_before("ordering_key"))
+    held = or_(predecessor_stuck("staged_at"), predecessor_stuck("ordering_key"))
     free = select(row.c.id).where(row.c.parked, ~held).limit(bindparam("limit"))
     if dialect in MYSQL_DIALECTS:
         free_rows = free.subquery("free")
