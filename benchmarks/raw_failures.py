@@ -200,9 +200,9 @@ def _parking_claim(
     ``holder``: what an earlier row of a candidate's transaction must be to hold it back (``e``
     is that row).
     """
-    ctes = list(write_back or [])
-    if carries is not None and write_back is None:
-        ctes = _write_back("previous", failed=carries == "settle")
+    if write_back is None:
+        write_back = [] if carries is None else _write_back("previous", failed=carries == "settle")
+    ctes = list(write_back)
     leave = ""
     if carries is not None:
         leave = "AND o.claimed_by IS DISTINCT FROM %(previous)s "
