@@ -220,11 +220,16 @@ class RabbitMQPublisher:
         overtaken by the ones behind it. At the first failure this raises with ``published`` =
         the confirmed prefix: :class:`RabbitMQUnavailableError` when the connection failed,
         :class:`~sqla_outbox.PublishError` when RabbitMQ refused that message.
+
+        What the broker sent while the publisher idled is read once, before the first message:
+        each later one follows a confirm received a moment ago on the same connection, and a
+        close arriving in between fails its send as an outage (with the confirmed prefix).
+        Reading per message cost about 15 µs each, against about 1 ms for a confirm here.
         """
         with self._lock:
             for confirmed, message in enumerate(messages):
                 try:
-                    self._publish_one(message)
+                    self._publish_one(message, fresh=confirmed == 0)
                 except Exception as error:
                     text = (
                         f"{error} (RabbitMQ had confirmed {confirmed} of the {len(messages)} "
@@ -247,8 +252,9 @@ class RabbitMQPublisher:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _publish_one(self, message: OutboxMessage) -> None:
-        channel = self._open_channel()
+    def _publish_one(self, message: OutboxMessage, *, fresh: bool = True) -> None:
+        # Not fresh: the batch's previous message was just confirmed on this very channel.
+        channel = self._open_channel() if fresh else self._channel
         try:
             channel.basic_publish(
                 exchange=self.exchange,
