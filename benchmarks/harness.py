@@ -385,12 +385,13 @@ def interleave_calls(
 ) -> dict[str, list[float]]:
     """Like :func:`interleave` for operations of a few milliseconds, interleaved call by call.
 
-    Each round, the operations take turns of ``turn`` calls each (the order reversed every
-    other turn) until together they have run for about ``seconds`` each, so a round lasts as
-    long as one of :func:`interleave` and every operation makes the same number of calls in it;
-    an operation's number for the round is its calls per second over its own turns. Every
-    operation of a round therefore runs across the same seconds of the machine's life, a few
-    tens of milliseconds apart, not one after the other. That matters for commit-bound
+    Each round, the operations take turns of ``turn`` calls each, one after the other, the order
+    reversed each time all have had a turn (ABC, CBA, ABC, ...), until together they have run
+    for about ``seconds`` each: a round lasts as long as one of :func:`interleave`, and every
+    operation makes the same number of calls in it. An operation's number for the round is its
+    calls per second over its own turns. Every operation of a round therefore runs across the
+    same seconds of the machine's life, a few tens of milliseconds apart, not one after the
+    other. That matters for commit-bound
     transactions: an fsync's time swings by 2x within seconds here, so two arms run a second
     apart differ by more than the few percent a ratio between them is about, and
     :func:`interleave` alone then measures the machine.
