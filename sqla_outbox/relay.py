@@ -62,7 +62,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import queries
+from sqla_outbox import queries, sweeping
 from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
@@ -102,9 +102,6 @@ log = logging.getLogger("sqla_outbox.relay")
 
 MAX_BACKOFF = 10.0
 """Seconds, the longest the loop waits before retrying after a database error or an outage."""
-
-SWEEP_INTERVAL = 5.0
-"""Seconds between the idle loop's sweeps for parked rows nothing holds back any more."""
 
 IDLE_MAX = 30.0
 """Seconds, the longest an idle relay whose LISTEN connection is up waits before it claims."""
@@ -263,7 +260,7 @@ class Relay:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_sweep = 0.0
+        self._sweeps = sweeping.SweepClock()
         self._observers: list[PassObserver] = []
         if log.isEnabledFor(logging.DEBUG):
             self.observe(PassLog(log))
@@ -314,7 +311,9 @@ class Relay:
                 total += result
                 if result.outage:
                     break
-                if not result.claimed and not self._sweep():
+                if result.claimed:
+                    self._sweep_while_busy()
+                elif not self._sweep():
                     break
         except BaseException:
             self._end_passes(quiet=True)  # the error that ended the drain is the one to raise
@@ -491,27 +490,29 @@ class Relay:
     def _idle_wait(self) -> float:
         """Seconds the idle loop may wait for a wake-up before it claims again (0: claim now).
 
-        Polling: ``poll_interval``, with a sweep for parked rows every :data:`SWEEP_INTERVAL`.
+        Polling: ``poll_interval``, with a sweep for parked rows every
+        :data:`~sqla_outbox.sweeping.SWEEP_INTERVAL`.
         While LISTEN is up, every commit wakes the relay, so the loop only has to come back for
         what no commit announces: a ``run_at`` or a retry backoff coming due, a claim's lease
         lapsing, parked rows to sweep. One statement finds the earliest of those, and the loop
         sleeps until then (at most :data:`IDLE_MAX`, and half the liveness bound), at least
         ``poll_interval`` only when what it found is due already.
         """
+        self._sweeps.idle()
         listener = self._listener
         if listener is None or not listener.listening.is_set():
-            if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL and self._sweep():
+            if self._sweeps.idle_due() and self._sweep():
                 return 0.0
             return self.poll_interval
         with self._pass_lock:  # on the held connection, as a pass is
             due_in, parked = self._statements.idle_plan()
-        if parked and time.monotonic() - self._last_sweep >= SWEEP_INTERVAL and self._sweep():
+        if parked and self._sweeps.idle_due() and self._sweep():
             return 0.0
         wait = min(IDLE_MAX, self.liveness_bound / 2)
         if due_in is not None:
             wait = min(wait, due_in)
         if parked:
-            wait = min(wait, SWEEP_INTERVAL)
+            wait = min(wait, sweeping.SWEEP_INTERVAL)
         if due_in:
             # Something comes due at a known instant (a backoff ending, a scheduled row): wake
             # then, even sooner than poll_interval, or a retry waits a poll it need not.
@@ -519,10 +520,15 @@ class Relay:
         # Due now yet the claim just left it (held back, or another relay's): poll, not spin.
         return max(wait, self.poll_interval)
 
+    def _sweep_while_busy(self) -> None:
+        """Sweep between two passes that claimed, once due (see :mod:`sqla_outbox.sweeping`)."""
+        if self._sweeps.busy_due():
+            self._sweep()
+
     def _sweep(self) -> bool:
         """Unpark rows whose holder went without unparking them; whether any were."""
         with self._pass_lock:
-            self._last_sweep = time.monotonic()
+            self._sweeps.swept()
             swept = self._statements.sweep()
         if swept:
             log_event(log, logging.INFO, "relay.unparked", relay=self.relay_id, rows=swept)
@@ -672,6 +678,8 @@ class Relay:
             result: PassResult | None = None
             try:
                 result = self._pass(interruptible=True, defer_mark=True)
+                if result.claimed:
+                    self._sweep_while_busy()
             except SQLAlchemyError as error:
                 # Failover, connection reset, a lock timeout: log, wait, try again. Never end
                 # the process over it; the rows are safe in the table.

@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from support import MakeRelay, wait_until
 
 import sqla_outbox as outbox
-from sqla_outbox.relay import IDLE_MAX, SWEEP_INTERVAL
+from sqla_outbox.relay import IDLE_MAX
+from sqla_outbox.sweeping import SWEEP_INTERVAL
 
 
 def _listening(make_relay: MakeRelay, engine: Engine, **options: object) -> outbox.Relay:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, event, func, select
+from sqlalchemy import Engine, event, func, select, update
 from sqlalchemy.orm import Session
 from support import (
     REPO,
@@ -43,7 +43,7 @@ from support import (
 )
 
 import sqla_outbox as outbox
-from sqla_outbox import relay as relay_module
+from sqla_outbox import sweeping
 from sqla_outbox.message import OutboxMessage
 
 LEASE = 1.0
@@ -548,10 +548,10 @@ def test_two_relays_with_messages_failing_once_keep_every_order(
     pass's charges and parking ride on that relay's next claim while the other relay claims.
 
     With two relays some rows stay parked after their holder went out (a claim parks a whole
-    transaction or key held by a stuck row, and the claims of two relays interleave) until the
-    idle loop's sweep frees them; the sweep runs every 0.2 s here instead of 5 s, since this
-    test is about order, not about how long such a row waits."""
-    monkeypatch.setattr(relay_module, "SWEEP_INTERVAL", 0.2)
+    transaction or key held by a stuck row, and the claims of two relays interleave) until a
+    sweep frees them; the sweep runs every 0.2 s here instead of 5 s, since this test is about
+    order, not about how long such a row waits."""
+    monkeypatch.setattr(sweeping, "SWEEP_INTERVAL", 0.2)
     transactions = commit_backlog(store_engine, 40, 5)
     staged = [m for messages in transactions for m in messages]
     failing = {m.id for m in staged[::7]}
@@ -588,3 +588,68 @@ def test_two_relays_with_messages_failing_once_keep_every_order(
     ledger.assert_each_once(staged)
     assert_in_order(ledger.ids(), transactions)
     assert unpublished(store_engine) == 0
+
+
+# --- 8. parked rows under steady load ---------------------------------------------------------
+
+
+class Refilling:
+    """A publisher into a :class:`Ledger` that, for each message it publishes, commits one new
+    single-message transaction before it returns, until :attr:`stop` is set: the backlog then
+    never shrinks while relays work on it, so they never find it empty and never go idle."""
+
+    def __init__(self, engine: Engine, ledger: Ledger, name: str, stop: threading.Event) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.name = name
+        self.stop = stop
+        self.refills: list[OutboxMessage] = []
+
+    def __call__(self, message: OutboxMessage) -> None:
+        self.ledger.record(self.name, [message])
+        if not self.stop.is_set():
+            with transaction(self.engine) as session:
+                self.refills.append(outbox.enqueue(session, "refill", {"by": self.name}))
+
+
+def test_relays_that_never_go_idle_still_sweep_a_parked_row(
+    store_engine: Engine, make_relay: MakeRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head of key P is parked with nothing stuck before it, which is what a claim leaves
+    when it parks a row at the moment its holder is published: only a sweep frees it, and the
+    two rows of P after it wait behind it. Two started relays over 30 more transactions whose
+    publisher commits a new one for each message it publishes never find the backlog empty, so
+    they never reach the idle loop; they must sweep between passes. The head is published while
+    the refilling goes on (it used to wait for the first idle moment, under steady load never),
+    then P's other rows after it, and every message once, each transaction and key in order."""
+    monkeypatch.setattr(sweeping, "SWEEP_INTERVAL", 0.2)
+    keyed = [stage_inputs(store_engine, "p", [n], ordering_key="P") for n in range(3)]
+    head = keyed[0][0]
+    with store_engine.begin() as conn:
+        conn.execute(
+            update(outbox.OutboxRow).where(outbox.OutboxRow.id == head.id).values(parked=True)
+        )
+    backlog = commit_backlog(store_engine, 30, 1)
+    ledger = Ledger()
+    stop = threading.Event()
+    publishers = [Refilling(store_engine, ledger, name, stop) for name in ("R1", "R2")]
+    relays = [
+        make_relay(store_engine, p, batch_size=3, poll_interval=0.01, relay_id=p.name)
+        for p in publishers
+    ]
+    with running(relays):
+        try:
+            wait_until(lambda: head.id in ledger.ids(), "the parked head to be swept and published")
+        finally:
+            refilling = not stop.is_set()
+            stop.set()
+        assert refilling
+        wait_until(lambda: unpublished(store_engine) == 0, "the backlog to drain once not refilled")
+    refills = [[m] for p in publishers for m in p.refills]
+    transactions = [*keyed, *backlog, *refills]
+    ledger.assert_each_once(m for messages in transactions for m in messages)
+    assert_in_order(ledger.ids(), transactions)
+    published = ledger.ids()
+    assert (
+        published.index(head.id) < published.index(keyed[1][0].id) < published.index(keyed[2][0].id)
+    )
