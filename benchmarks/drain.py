@@ -34,6 +34,10 @@ Workload 3, per batch size, three arms:
   total order (:data:`STRICT`). Its claim also looks for the first failed row of the whole
   backlog; the row says what that costs when nothing has failed (it once cost two thirds of
   the drain, when that search could not use ``ix_outbox_failing`` on a generic plan).
+* **ours, with rows held behind dead letters** (smallest batch size only, target ratio >= 0.9
+  against ``ours``): the same relay with 10,000 parked rows and their 100 dead letters ahead of
+  the backlog (:data:`HELD`). Dead letters wait for an operator, perhaps for days; meanwhile
+  every other message must flow as fast as without them.
 
 Workload 4: two ``Relay`` instances running their own background loops (``start()``, the loop a
 deployed relay runs, LISTEN included; ``stop()`` once all rows are out) over the same rows,
@@ -68,6 +72,7 @@ from benchmarks.harness import (
     restore_outbox,
     snapshot_outbox,
 )
+from benchmarks.held_rows import DEAD_LETTERS, HELD_ROWS, INSERT_HELD, PARK_HELD
 from sqla_outbox import driver_sql, queries
 
 __all__ = [
@@ -149,6 +154,21 @@ the same. Workload 4's relays keep the default ids."""
 
 STRICT = "ours, order='strict'"
 """Workload 3's arm at the smallest batch size: the same relay keeping the total order."""
+
+
+HELD = f"ours, {HELD_ROWS:,} rows held behind dead letters"
+"""Workload 3's arm at the smallest batch size: the same relay with
+:data:`~benchmarks.held_rows.HELD_ROWS` rows ahead of the backlog that no claim may take
+(:mod:`benchmarks.held_rows`), already parked, as a relay that has met them leaves them. The
+drain publishes the same rows; what the held rows cost is each mark's search for rows to unpark
+and each claim's step past them. That search read every parked row on every mark until the
+thirteenth issue-11 session: 40% of the drain with 10,000 parked."""
+
+
+def _drain_relay_held(ctx: Context, batch_size: int) -> tuple[int, float]:
+    """:func:`_drain_relay` with the held rows added (untimed) to the restored snapshot."""
+    ctx.sql(INSERT_HELD, PARK_HELD, "VACUUM ANALYZE outbox", "CHECKPOINT")
+    return _drain_relay(ctx, batch_size)
 
 
 def _noop(_message: object) -> None:
@@ -307,6 +327,7 @@ def run_drain(ctx: Context) -> list[Result]:
         }
         if batch_size == min(BATCH_SIZES):
             drainers[STRICT] = lambda ctx, b: _drain_relay(ctx, b, order="strict")
+            drainers[HELD] = _drain_relay_held
         samples, counts = interleave_drains(ctx, drainers, batch_size)
         targets = [Target("ratio", ">=", 0.9)]
         if batch_size == max(BATCH_SIZES):
@@ -357,6 +378,19 @@ def run_drain(ctx: Context) -> list[Result]:
                     samples,
                     STRICT,
                     "ours",
+                )
+            )
+        if HELD in samples:
+            results.append(
+                compare(
+                    f"drain b={batch_size}, {HELD_ROWS:,} rows held behind {DEAD_LETTERS} dead "
+                    "letters vs none",
+                    "rows/s",
+                    samples,
+                    HELD,
+                    "ours",
+                    Target("ratio", ">=", 0.9),
+                    published_per_round={HELD: counts[HELD]},
                 )
             )
     return results

@@ -68,51 +68,23 @@ from benchmarks.claim_history import (
     raw_claim,
 )
 from benchmarks.harness import Context, Result, Target, make_engine, recreate_database
+from benchmarks.held_rows import (
+    BLOCK,
+    DEAD_LETTERS,
+    HELD_JOB,
+    HELD_ROWS,
+    INSERT_HELD,
+    SAME_TRANSACTION,
+    UNPARK_HELD,
+)
 from benchmarks.raw_failures import probing_claim
 
 __all__ = ["BLOCK", "DEAD_LETTERS", "HELD_ROWS", "SAME_TRANSACTION", "held_url", "run"]
 
-DEAD_LETTERS = 100
-BLOCK = 100
-"""Rows per dead letter, the dead letter included."""
-SAME_TRANSACTION = 10
-"""Rows of each dead letter's transaction, the dead letter included."""
-HELD_ROWS = DEAD_LETTERS * BLOCK
 FIRST_CLAIMS = 3
 """How many times the held rows are unparked to time a first claim and the parking."""
 SETTLE_LIMIT = 1000
 """Claims the untimed settling may take before the workload gives up on a steady state."""
-HELD_JOB = "held_back"
-
-_HELD = f"""
-INSERT INTO outbox (id, job, queue, input, idempotency_key, max_attempts, run_at, staged_at,
-                    ordering_key, attempts, last_error, dead_at)
-SELECT id, '{HELD_JOB}', 'default', jsonb_build_object('order_id', g), id::text, 3, t, t,
-       CASE WHEN pos = 0 OR pos >= {SAME_TRANSACTION} THEN 'held-' || block END,
-       CASE WHEN pos = 0 THEN 3 ELSE 0 END,
-       CASE WHEN pos = 0 THEN 'bench: refused three times' END,
-       CASE WHEN pos = 0 THEN t + interval '1 minute' END
-FROM (
-    SELECT g, block, pos, t,
-           (substr(ms, 1, 8) || '-' || substr(ms, 9, 4) || '-7000-8000-'
-            || lpad(to_hex(g), 12, '0'))::uuid AS id
-    FROM (
-        SELECT g, block, pos, t,
-               lpad(to_hex((extract(epoch FROM t) * 1000)::bigint), 12, '0') AS ms
-        FROM (
-            SELECT g, g / {BLOCK} AS block, mod(g, {BLOCK}) AS pos,
-                   date_trunc('second', now()) - interval '1 day' + (g / {BLOCK}) * interval '1 s'
-                   + CASE WHEN mod(g, {BLOCK}) < {SAME_TRANSACTION} THEN interval '0'
-                          ELSE mod(g, {BLOCK}) * interval '1 ms' END AS t
-            FROM generate_series(0, {HELD_ROWS - 1}) AS g
-        ) AS placed
-    ) AS stamped
-) AS held
-"""
-"""The held rows: per block, the dead letter first (lowest id of its transaction), the rest of
-its transaction at the same ``staged_at``, then its key's rows a millisecond apart."""
-
-_UNPARK = f"UPDATE outbox SET parked = false WHERE job = '{HELD_JOB}' AND parked"
 
 _PROBING = probing_claim(keys=True, dead=True)
 _JOB = 1  # the claimed rows' columns are queries.MESSAGE_FIELDS: id, job, ...
@@ -172,7 +144,7 @@ def _first_claims(held: ClaimSide, times: int) -> dict[str, Any]:
     each: list[tuple[int, float, int]] = []
     plan = ""
     for _ in range(times):
-        held.ctx.sql(_UNPARK, "VACUUM ANALYZE outbox", "CHECKPOINT")
+        held.ctx.sql(UNPARK_HELD, "VACUUM ANALYZE outbox", "CHECKPOINT")
         held.claim.window, held.claim.crowded = held.claim.batch, False
         if not plan:
             plan = explain_claim(held.ctx, held.claim)
@@ -207,7 +179,7 @@ def run(ctx: Context) -> list[Result]:
         f"{SAME_TRANSACTION - 1} rows of its transaction and {BLOCK - SAME_TRANSACTION} of its key"
     )
     with held.ctx.raw() as conn:
-        conn.execute(_HELD.encode())
+        conn.execute(INSERT_HELD.encode())
     windows: list[int] = []
     held_claim = library_claim(held)
 

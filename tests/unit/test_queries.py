@@ -253,8 +253,18 @@ def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> No
     )
     unparked = cte(sql, "unparked")
     assert unparked.startswith("UPDATE outbox SET parked=")
-    assert "outbox.staged_at IN (SELECT marked.staged_at FROM marked)" in unparked
-    assert "outbox.ordering_key IN (SELECT marked.ordering_key FROM marked)" in unparked
+    # Nothing to do while nothing is parked; else the parked rows of the marked rows'
+    # transactions and keys, probed for from each of them (never a filter on every parked row).
+    assert (
+        "WHERE (EXISTS (SELECT * FROM outbox AS some_parked WHERE some_parked.parked))" in unparked
+    )
+    for column in ("staged_at", "ordering_key"):
+        assert (
+            f"FROM (SELECT DISTINCT marked.{column} AS {column} FROM marked "
+            f"WHERE marked.{column} IS NOT NULL) AS marked_{column} JOIN LATERAL "
+            f"(SELECT parked_row.id AS id FROM outbox AS parked_row WHERE parked_row.parked "
+            f"AND parked_row.{column} = marked_{column}.{column} LIMIT ALL OFFSET 0)"
+        ) in unparked
     candidates = cte(sql, "candidates")
     assert "AND outbox.claimed_by IS DISTINCT FROM %(previous_token)s" in candidates
     # The guard's counts, per transaction and per key, treat the rows being marked as published.
