@@ -30,7 +30,8 @@ SWEEP_INTERVAL = 5.0
 class SweepClock:
     """Says when a relay is due to sweep; the relay tells it when it swept.
 
-    Not thread-safe: the relay consults it under its pass lock, from its own loop.
+    Unlocked: the relay's loop (or a drain) asks it between passes. Two callers racing can at
+    worst make one sweep early or late, never skip sweeping for good.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
