@@ -35,6 +35,17 @@ MakeRelay = Callable[..., outbox.Relay]
 """The ``make_relay`` fixture: builds a :class:`~sqla_outbox.Relay` that is closed at teardown."""
 
 
+class ManualClock:
+    """A monotonic clock that a test moves by hand (``clock.now += seconds``), for the policies
+    that take one (trimming, sweeping)."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 # --- staging and reading rows ------------------------------------------------------------------
 
 

@@ -3,19 +3,13 @@ every SWEEP_INTERVAL whether idle or busy."""
 
 from __future__ import annotations
 
+from support import ManualClock
+
 from sqla_outbox.sweeping import SWEEP_INTERVAL, SweepClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_idle_relay_sweeps_at_once_then_every_interval() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sweeps = SweepClock(clock)
     assert sweeps.idle_due()  # never swept: a relay's first idle moment sweeps
     sweeps.swept()
@@ -26,7 +20,7 @@ def test_an_idle_relay_sweeps_at_once_then_every_interval() -> None:
 
 
 def test_a_busy_relay_sweeps_once_busy_for_an_interval_since_it_began_or_last_swept() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sweeps = SweepClock(clock)
     assert not sweeps.busy_due()  # busy from now on: not at its first pass
     clock.now += SWEEP_INTERVAL * 0.9
@@ -41,7 +35,7 @@ def test_a_busy_relay_sweeps_once_busy_for_an_interval_since_it_began_or_last_sw
 
 
 def test_going_idle_ends_the_busy_stretch() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sweeps = SweepClock(clock)
     sweeps.swept()
     sweeps.busy_due()

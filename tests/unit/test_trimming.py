@@ -3,19 +3,13 @@ claim (sqla_outbox.trimming)."""
 
 from __future__ import annotations
 
+from support import ManualClock
+
 from sqla_outbox.trimming import TRIM_FOR, Trimming
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_claims_trim_for_a_while_after_each_crowded_claim() -> None:
-    clock = Clock()
+    clock = ManualClock()
     trimming = Trimming(clock)
     assert not trimming.on  # a relay alone: full batches
     trimming.crowded()
