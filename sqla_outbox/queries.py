@@ -887,21 +887,46 @@ def _mark_ctes(dialect: str, token: str, ids: str) -> tuple[Any, Any]:
         .returning(t.c.id, t.c.staged_at, t.c.ordering_key)
         .cte("marked")
     )
-    # The parked rows of the marked rows' transactions and keys, looked up by them: a probe of
-    # ix_outbox_parked_group per transaction and of ix_outbox_parked_key per key, and none at
-    # all while nothing is parked. "parked AND (staged_at IN (...) OR ordering_key IN (...))"
-    # cannot become a join (an OR of two subqueries is a filter), so it read every parked row
-    # on every mark: 4 ms a pass with 10,000 rows parked behind dead letters, which slowed the
-    # drain of every other row by 40%.
-    parked = t.alias("parked_row")
     some_parked = t.alias("some_parked")
+    unparked = (
+        update(t)
+        .where(
+            exists().where(some_parked.c.parked),  # while no row is parked: nothing read
+            t.c.id.in_(_parked_behind(marked, dialect)),
+        )
+        .values(parked=False)
+        .returning(t.c.id)
+        .cte("unparked")
+    )
+    return marked, unparked
+
+
+def _parked_behind(holders: Any, dialect: str) -> CompoundSelect[Any]:
+    """The ids of the parked rows in the transactions and keys of ``holders`` (a CTE or
+    subquery with ``staged_at`` and ``ordering_key``): what publishing or discarding them frees.
+
+    Found from the holders, one probe of ``ix_outbox_parked_group`` per distinct transaction and
+    of ``ix_outbox_parked_key`` per distinct key. ``parked AND (staged_at IN (...) OR
+    ordering_key IN (...))`` cannot become a join (an OR of two subqueries is a filter) and read
+    every parked row on every mark: with 10,000 rows parked behind dead letters, 4 ms a pass on
+    PostgreSQL (the drain of every other row at 60-70% of its speed) and 25-75 ms on MariaDB.
+    On PostgreSQL each probe is a ``LATERAL`` subquery kept from being flattened into a join by
+    ``OFFSET 0``: planned as a join from statistics that rarely saw a parked row, it scanned
+    every parked row to join it. (SQLite and MariaDB have no ``LATERAL``; their join is planned
+    from the holders there.)
+    """
+    t = outbox_table
+    parked = t.alias("parked_row")
 
     def behind(column: str) -> Select[Any]:
-        values = marked.c[column]
-        groups = select(values).where(values.is_not(None)).distinct().subquery(f"marked_{column}")
-        # LATERAL, kept from being flattened into a join by OFFSET 0: one index probe per
-        # group, whatever the statistics say (they rarely saw a parked row, and a plan made
-        # from them scans every parked row to join it).
+        if dialect != "postgresql":  # a row listed once per holder is still updated once
+            return (
+                select(parked.c.id)
+                .join(holders, parked.c[column] == holders.c[column])
+                .where(parked.c.parked)
+            )
+        values = holders.c[column]
+        groups = select(values).where(values.is_not(None)).distinct().subquery(f"by_{column}")
         probe = (
             select(parked.c.id)
             .where(parked.c.parked, parked.c[column] == groups.c[column])
@@ -910,17 +935,7 @@ def _mark_ctes(dialect: str, token: str, ids: str) -> tuple[Any, Any]:
         )
         return select(probe.c.id).select_from(groups).join(probe, true())
 
-    unparked = (
-        update(t)
-        .where(
-            exists().where(some_parked.c.parked),
-            t.c.id.in_(union_all(behind("staged_at"), behind("ordering_key"))),
-        )
-        .values(parked=False)
-        .returning(t.c.id)
-        .cte("unparked")
-    )
-    return marked, unparked
+    return union_all(behind("staged_at"), behind("ordering_key"))
 
 
 def mark_published_stmt(dialect: str) -> Select[Any] | Update:
@@ -951,11 +966,8 @@ def unpark_behind_stmt(dialect: str, *, dead: bool = False) -> Update:
     discarded, so the rows they held back are claimable again. A row still held back by another
     holder is parked again by the next claim that meets it.
 
-    The parked rows are found from the holders, one probe of the parked-rows indexes per holder
-    and column (``ix_outbox_parked_group``, ``ix_outbox_parked_key``). ``parked AND (staged_at IN
-    (...) OR ordering_key IN (...))`` read every parked row instead, on every mark: 25 ms a mark
-    on MariaDB with 10,000 rows parked behind dead letters. On MySQL and MariaDB the rows are a
-    derived table joined to the table updated (a multiple-table UPDATE): MySQL refuses a
+    The rows are found from the holders (:func:`_parked_behind`). On MySQL and MariaDB they are
+    a derived table joined to the table updated (a multiple-table UPDATE): MySQL refuses a
     subquery on the table being updated (error 1093), and a derived table built from a ``UNION``
     is materialized first.
     """
@@ -968,16 +980,8 @@ def unpark_behind_stmt(dialect: str, *, dead: bool = False) -> Update:
         chosen = holder.c.id == any_(bindparam("ids", type_=ARRAY(t.c.id.type)))
     else:
         chosen = holder.c.id.in_(bindparam("ids", expanding=True))
-    parked = t.alias("parked_row")
-
-    def behind(column: str) -> Select[Any]:
-        return (
-            select(parked.c.id)
-            .join(holder, parked.c[column] == holder.c[column])
-            .where(parked.c.parked, chosen)
-        )
-
-    rows = union_all(behind("staged_at"), behind("ordering_key"))
+    holders = select(holder.c.staged_at, holder.c.ordering_key).where(chosen).subquery("holders")
+    rows = _parked_behind(holders, dialect)
     if dialect in MYSQL_DIALECTS:
         freed = rows.subquery("behind")
         return update(t).where(t.c.id == freed.c.id).values(parked=False)

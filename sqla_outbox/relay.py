@@ -498,15 +498,14 @@ class Relay:
         sleeps until then (at most :data:`IDLE_MAX`, and half the liveness bound), at least
         ``poll_interval`` only when what it found is due already.
         """
-        self._sweeps.idle()
         listener = self._listener
         if listener is None or not listener.listening.is_set():
-            if self._sweeps.idle_due() and self._sweep():
+            if self._sweeps.due() and self._sweep():
                 return 0.0
             return self.poll_interval
         with self._pass_lock:  # on the held connection, as a pass is
             due_in, parked = self._statements.idle_plan()
-        if parked and self._sweeps.idle_due() and self._sweep():
+        if parked and self._sweeps.due() and self._sweep():
             return 0.0
         wait = min(IDLE_MAX, self.liveness_bound / 2)
         if due_in is not None:
@@ -522,7 +521,7 @@ class Relay:
 
     def _sweep_while_busy(self) -> None:
         """Sweep between two passes that claimed, once due (see :mod:`sqla_outbox.sweeping`)."""
-        if self._sweeps.busy_due():
+        if self._sweeps.due():
             self._sweep()
 
     def _sweep(self) -> bool:

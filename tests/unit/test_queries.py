@@ -261,9 +261,9 @@ def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> No
     for column in ("staged_at", "ordering_key"):
         assert (
             f"FROM (SELECT DISTINCT marked.{column} AS {column} FROM marked "
-            f"WHERE marked.{column} IS NOT NULL) AS marked_{column} JOIN LATERAL "
+            f"WHERE marked.{column} IS NOT NULL) AS by_{column} JOIN LATERAL "
             f"(SELECT parked_row.id AS id FROM outbox AS parked_row WHERE parked_row.parked "
-            f"AND parked_row.{column} = marked_{column}.{column} LIMIT ALL OFFSET 0)"
+            f"AND parked_row.{column} = by_{column}.{column} LIMIT ALL OFFSET 0)"
         ) in unparked
     candidates = cte(sql, "candidates")
     assert "AND outbox.claimed_by IS DISTINCT FROM %(previous_token)s" in candidates
