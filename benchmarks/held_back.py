@@ -29,6 +29,12 @@ connection with ``SET jit = off``, window widening). The comparison is the claim
 with and without the held rows: only those differ. The backlog is refilled (the held rows stay,
 parked) before it runs low.
 
+Last, the plan an idle relay makes of its wait (:func:`sqla_outbox.queries.idle_stmt`, on the
+claim's connection) alternates between the two databases once the unclaimed backlog is deleted
+from both: the promise is the claim's, that held rows a relay cannot publish cost it nothing
+(target: the same 1.5x). :data:`IDLE_PLANS` plans each; the JSON keeps the plan on
+``<db>_held``.
+
 Informative rows, against the steady claim without held rows:
 
 * the first claim on ``<db>_held``, before anything is parked (every held row unparked and the
@@ -78,9 +84,12 @@ from benchmarks.held_rows import (
     UNPARK_HELD,
 )
 from benchmarks.raw_failures import probing_claim
+from sqla_outbox import queries
 
 __all__ = ["BLOCK", "DEAD_LETTERS", "HELD_ROWS", "SAME_TRANSACTION", "held_url", "run"]
 
+IDLE_PLANS = 400
+"""Idle plans timed per database (alternating), after the claims: 100 with ``--quick``."""
 FIRST_CLAIMS = 3
 """How many times the held rows are unparked to time a first claim and the parking."""
 SETTLE_LIMIT = 1000
@@ -106,6 +115,31 @@ def _probing_claim(side: ClaimSide) -> Callable[[], float]:
         return elapsed * 1000
 
     return run
+
+
+def _idle_plans(none: ClaimSide, held: ClaimSide, backlog: str, plans: int) -> dict[str, Any]:
+    """The idle relay's plan of its wait (:func:`sqla_outbox.queries.idle_stmt`), sent as the
+    relay sends it (SQLAlchemy, on the claim's held connection), ``plans`` times per database,
+    alternating, once the unclaimed backlog is gone from both: what is left is the published
+    history of the claims and, on ``<db>_held``, the held rows. Milliseconds per plan, and the
+    plan on ``<db>_held``."""
+    for side in (none, held):
+        side.ctx.sql(
+            f"DELETE FROM outbox WHERE {backlog} AND published_at IS NULL",
+            "VACUUM ANALYZE outbox",
+            "CHECKPOINT",
+        )
+    plan = queries.idle_stmt("postgresql")
+    times: dict[str, list[float]] = {"held": [], "none": []}
+    for index in range(plans):
+        order = ((none, "none"), (held, "held"))
+        for side, name in order if index % 2 == 0 else reversed(order):
+            start = time.perf_counter()
+            side.claim.conn.execute(plan).one()
+            times[name].append((time.perf_counter() - start) * 1000)
+    sql = plan.compile(dialect=held.claim.conn.dialect)
+    explained = held.claim.conn.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS) {sql}").all()
+    return {**times, "explain_analyze_held": "\n".join(str(row[0]) for row in explained)}
 
 
 def held_url(url: URL) -> URL:
@@ -216,6 +250,9 @@ def run(ctx: Context) -> list[Result]:
             names = list(arms) if index % 2 == 0 else list(reversed(arms))
             for name in names:
                 samples[name].append(arms[name]())
+        plans = 100 if ctx.quick else IDLE_PLANS
+        ctx.log(f"{plans} idle plans per database, the backlogs gone, alternating databases")
+        idle = _idle_plans(none, held, backlog, plans)
     finally:
         for side in (none, held):
             side.close()
@@ -263,6 +300,17 @@ def run(ctx: Context) -> list[Result]:
                 for key, value in first.items()
                 if key not in ("first_claim_ms", "explain_analyze_first_claim")
             },
+        ),
+        Result(
+            name=f"idle plan, {HELD_ROWS:,} held-back or dead rows vs none",
+            unit="ms",
+            ours=statistics.median(idle["held"]),
+            baseline=statistics.median(idle["none"]),
+            baseline_name="none held",
+            targets=(Target("ratio", "<=", 1.5),),
+            samples={"held": idle["held"], "none": idle["none"]},
+            paired_ratio=_paired(idle["held"], idle["none"]),
+            extra={"explain_analyze_held": idle["explain_analyze_held"]},
         ),
         _claims_row(
             f"claim b={BATCH}, none held: library vs raw SQL",

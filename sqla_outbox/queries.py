@@ -199,6 +199,13 @@ def _not_parked(table: Any, dialect: str) -> ColumnElement[bool]:
     return not_parked
 
 
+def _claimable(table: Any, dialect: str) -> list[ColumnElement[bool]]:
+    """The rows a claim may ever take, in the words of ``ix_outbox_claimable``'s predicate:
+    unpublished, not dead, not parked. A query restricted to these reads that index, never the
+    dead letters or the parked rows, however many there are."""
+    return [_unpublished(table), table.c.dead_at.is_(None), _not_parked(table, dialect)]
+
+
 def _position(table: Any) -> Any:
     """A row's place in claim order."""
     return tuple_(table.c.staged_at, table.c.id)
@@ -323,9 +330,7 @@ def _locking_read(
     t = outbox_table
     now = _now(dialect)
     claimable = [
-        _unpublished(),
-        t.c.dead_at.is_(None),
-        _not_parked(t, dialect),
+        *_claimable(t, dialect),
         t.c.run_at <= now,
         or_(t.c.retry_at.is_(None), t.c.retry_at <= now),
         or_(t.c.claimed_at.is_(None), t.c.claimed_at < _lease_cutoff(dialect)),
@@ -1219,12 +1224,18 @@ def renew_stmt(dialect: str) -> Update:
     return update(outbox_table).where(_fenced(), _ids(dialect)).values(claimed_at=_now(dialect))
 
 
-def idle_stmt(dialect: str) -> Select[Any, Any, Any, int, dt.datetime]:
-    """What an idle relay must come back for, in one query over the unpublished rows:
-    ``next_run_at`` (the earliest still in the future), ``next_retry_at`` (the earliest backoff
-    end of a row no claim holds and nothing parked: in the past when one is due now),
-    ``oldest_claim``
-    (lapses ``claim_lease`` later), ``parked`` (a count) and the database's ``now``.
+def idle_stmt(dialect: str) -> Select[Any, Any, Any, bool, dt.datetime]:
+    """What an idle relay must come back for: ``next_run_at`` (the earliest still in the
+    future), ``next_retry_at`` (the earliest backoff end of a row no claim holds: in the past
+    when one is due now), ``oldest_claim`` (lapses ``claim_lease`` later), ``parked`` (whether
+    any row is) and the database's ``now``.
+
+    Only rows a claim may take can bring a relay back (:func:`_claimable`): a dead letter comes
+    due only when an operator retries it, a parked row only when its holder's mark or a sweep
+    unparks it. So the aggregates read ``ix_outbox_claimable`` and ``parked`` is the first entry of
+    ``ix_outbox_parked_group``: an idle relay's plan costs the same with ten thousand dead
+    letters or parked rows as with none (reading every unpublished row, it cost ten times more
+    with 10,000 of them, on every idle transition).
 
     Aggregates over some of the rows are ``min(CASE WHEN ... THEN x END)`` rather than
     ``FILTER (WHERE ...)``, which MySQL and MariaDB lack. There ``now`` is cast to
@@ -1232,20 +1243,28 @@ def idle_stmt(dialect: str) -> Select[Any, Any, Any, int, dt.datetime]:
     """
     t = outbox_table
     now = _now(dialect)
-    alive = t.c.dead_at.is_(None)
+    some_parked = t.alias("some_parked")
     shown = cast(now, UTCDateTime()) if dialect in MYSQL_DIALECTS else now
     return select(
-        func.min(case((and_(alive, t.c.run_at > now), t.c.run_at))).label("next_run_at"),
+        func.min(case((t.c.run_at > now, t.c.run_at))).label("next_run_at"),
         # Past ones too, of rows no claim holds: a backoff that ended after the relay's last
         # claim and before this plan is work due now, not "nothing pending" (which would let
         # the relay sleep until IDLE_MAX while the retried row waits).
-        func.min(case((and_(alive, ~t.c.parked, t.c.claimed_at.is_(None)), t.c.retry_at))).label(
-            "next_retry_at"
-        ),
+        func.min(case((t.c.claimed_at.is_(None), t.c.retry_at))).label("next_retry_at"),
         func.min(t.c.claimed_at).label("oldest_claim"),  # min() skips NULLs: unclaimed rows
-        func.count(case((t.c.parked, literal_column("1")))).label("parked"),
+        # The first in index order, not EXISTS: PostgreSQL plans an EXISTS as a sequential scan
+        # that stops at the first parked row whenever many are parked, and reads any published
+        # history stored before them first.
+        (
+            select(some_parked.c.staged_at)
+            .where(some_parked.c.parked)
+            .order_by(some_parked.c.staged_at)
+            .limit(literal_column("1"))
+            .scalar_subquery()
+            .is_not(None)
+        ).label("parked"),
         shown.label("now"),
-    ).where(_unpublished())
+    ).where(*_claimable(t, dialect))
 
 
 # --- inspection and operators ------------------------------------------------------------------

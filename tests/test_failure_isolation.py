@@ -8,6 +8,7 @@ are held mid-pass by publishers that wait on events: no test sleeps to synchroni
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import subprocess
@@ -940,6 +941,35 @@ def test_a_mark_reads_only_the_parked_rows_of_its_own_transactions_and_keys(
     unparking = ctes["CTE unparked"]
     assert unparking["Actual Rows"] == 0
     assert _rows_read(unparking) <= 20, _rows_read(unparking)
+
+
+def test_an_idle_plan_reads_none_of_the_dead_letters_or_parked_rows(pg_engine: Engine) -> None:
+    """960 rows parked behind 40 dead letters, and one message scheduled an hour ahead. The
+    plan an idle relay makes of its wait still finds the scheduled message and that rows are
+    parked, reading only the claimable rows and one parked row's index entry: the dead letters
+    and parked rows cannot come due on their own. It read every unpublished row on every idle
+    transition, 2-3 ms with 10,000 held rows against 0.3 ms without (statistics as an
+    autovacuum leaves them, analysed after the parking)."""
+    _park_behind_dead_letters(pg_engine, keys=40, per_key=25)
+    (scheduled,) = stage_each(pg_engine, [("scheduled", None)])
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    with pg_engine.begin() as conn:
+        conn.execute(update(Row).where(Row.id == scheduled.id).values(run_at=later))
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE outbox")
+    plan = queries.idle_stmt("postgresql")
+    with pg_engine.connect() as conn:
+        row = conn.execute(plan).one()
+        explained = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {plan.compile(dialect=pg_engine.dialect)}"
+        ).scalar_one()
+    assert (row.next_run_at, row.next_retry_at, row.oldest_claim, bool(row.parked)) == (
+        later,
+        None,
+        None,
+        True,
+    )
+    assert _rows_read(explained[0]["Plan"]) <= 5, json.dumps(explained, indent=1)
 
 
 def test_a_claim_parks_what_waits_behind_a_row_it_parks(

@@ -158,7 +158,7 @@ def test_the_idle_plan_holds_the_pass_lock(pg_engine: Engine, make_relay: MakeRe
     plan = relay._statements.idle_plan
     held_during_plan: list[bool] = []
 
-    def observed_plan() -> tuple[float | None, int]:
+    def observed_plan() -> tuple[float | None, bool]:
         held_during_plan.append(relay._pass_lock.locked())
         return plan()
 

@@ -275,16 +275,16 @@ class SqlStore:
             params = self._params(token=token, ids=list(ids))
             return self._execute(conn, self._renew, params).rowcount
 
-    def idle_plan(self) -> tuple[float | None, int]:
+    def idle_plan(self) -> tuple[float | None, bool]:
         """Seconds until the next row comes due, a backoff ends or a claim lapses (None: none
-        pending), and how many rows are parked; for the idle loop's wait."""
+        pending), and whether any row is parked; for the idle loop's wait."""
         with self._transaction(statements=1) as conn:
             row = conn.execute(self._idle, self._params()).one()
         lapse = None if row.oldest_claim is None else row.oldest_claim + self._lease
         times = [t for t in (row.next_run_at, row.next_retry_at, lapse) if t is not None]
         now = as_utc(row.now)
         due_in = None if not times else max(0.0, (min(map(as_utc, times)) - now).total_seconds())
-        return due_in, int(row.parked)
+        return due_in, bool(row.parked)
 
     def sweep(self) -> int:
         """Unpark rows that nothing stuck holds back any more; how many."""
