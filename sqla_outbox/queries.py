@@ -1243,15 +1243,25 @@ def idle_stmt(dialect: str) -> Select[Any, Any, Any, bool, dt.datetime]:
     """
     t = outbox_table
     now = _now(dialect)
+    # In the claim's order: PostgreSQL then reads the claim index even when its statistics
+    # still count a backlog just drained as unpublished (autovacuum analyses a minute or so
+    # later), where it read the whole table, published history included, on every idle
+    # transition meanwhile (7 ms over 50,000 rows). Elsewhere the order changes nothing.
+    rows = (
+        select(t.c.run_at, t.c.retry_at, t.c.claimed_at)
+        .where(*_claimable(t, dialect))
+        .order_by(t.c.staged_at, t.c.id)
+        .subquery("claimable")
+    )
     some_parked = t.alias("some_parked")
     shown = cast(now, UTCDateTime()) if dialect in MYSQL_DIALECTS else now
     return select(
-        func.min(case((t.c.run_at > now, t.c.run_at))).label("next_run_at"),
+        func.min(case((rows.c.run_at > now, rows.c.run_at))).label("next_run_at"),
         # Past ones too, of rows no claim holds: a backoff that ended after the relay's last
         # claim and before this plan is work due now, not "nothing pending" (which would let
         # the relay sleep until IDLE_MAX while the retried row waits).
-        func.min(case((t.c.claimed_at.is_(None), t.c.retry_at))).label("next_retry_at"),
-        func.min(t.c.claimed_at).label("oldest_claim"),  # min() skips NULLs: unclaimed rows
+        func.min(case((rows.c.claimed_at.is_(None), rows.c.retry_at))).label("next_retry_at"),
+        func.min(rows.c.claimed_at).label("oldest_claim"),  # min() skips NULLs: unclaimed rows
         # The first in index order, not EXISTS: PostgreSQL plans an EXISTS as a sequential scan
         # that stops at the first parked row whenever many are parked, and reads any published
         # history stored before them first.
@@ -1264,7 +1274,7 @@ def idle_stmt(dialect: str) -> Select[Any, Any, Any, bool, dt.datetime]:
             .is_not(None)
         ).label("parked"),
         shown.label("now"),
-    ).where(*_claimable(t, dialect))
+    )
 
 
 # --- inspection and operators ------------------------------------------------------------------

@@ -8,7 +8,6 @@ are held mid-pass by publishers that wait on events: no test sleeps to synchroni
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import subprocess
@@ -948,28 +947,59 @@ def test_an_idle_plan_reads_none_of_the_dead_letters_or_parked_rows(pg_engine: E
     plan an idle relay makes of its wait still finds the scheduled message and that rows are
     parked, reading only the claimable rows and one parked row's index entry: the dead letters
     and parked rows cannot come due on their own. It read every unpublished row on every idle
-    transition, 2-3 ms with 10,000 held rows against 0.3 ms without (statistics as an
-    autovacuum leaves them, analysed after the parking)."""
+    transition, 4.4 ms with 10,000 held rows against 0.3 ms without."""
     _park_behind_dead_letters(pg_engine, keys=40, per_key=25)
     (scheduled,) = stage_each(pg_engine, [("scheduled", None)])
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     with pg_engine.begin() as conn:
         conn.execute(update(Row).where(Row.id == scheduled.id).values(run_at=later))
     with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("VACUUM ANALYZE outbox")
-    plan = queries.idle_stmt("postgresql")
-    with pg_engine.connect() as conn:
-        row = conn.execute(plan).one()
-        explained = conn.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) {plan.compile(dialect=pg_engine.dialect)}"
-        ).scalar_one()
+        conn.exec_driver_sql("VACUUM ANALYZE outbox")  # as autovacuum leaves them, in time
+    row, read = _idle_plan(pg_engine)
     assert (row.next_run_at, row.next_retry_at, row.oldest_claim, bool(row.parked)) == (
         later,
         None,
         None,
         True,
     )
-    assert _rows_read(explained[0]["Plan"]) <= 5, json.dumps(explained, indent=1)
+    assert read <= 5, read
+
+
+def test_an_idle_plan_after_a_drain_reads_no_published_row(pg_engine: Engine) -> None:
+    """20,000 messages analysed while pending, then all published: until autovacuum analyses
+    the table again, its statistics still count them as pending. The idle plan walks an index
+    of unpublished rows anyway (and finds nothing), where it read the whole table, published
+    history included, on every idle transition meanwhile (7 ms over 50,000 rows). On a table
+    of a few thousand rows reading it is cheaper, and the planner does."""
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO outbox (id, job, queue, input, idempotency_key, run_at, staged_at) "
+            "SELECT gen_random_uuid(), 'job', 'default', '{}', 'm' || n, now(), "
+            "now() + n * interval '1 us' FROM generate_series(1, 20000) AS n"
+        )
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE outbox")
+    with pg_engine.begin() as conn:
+        conn.execute(update(Row).values(published_at=dt.datetime.now(dt.timezone.utc)))
+    row, read = _idle_plan(pg_engine)
+    assert (row.next_run_at, row.next_retry_at, row.oldest_claim, bool(row.parked)) == (
+        None,
+        None,
+        None,
+        False,
+    )
+    assert read <= 5, read
+
+
+def _idle_plan(pg_engine: Engine) -> tuple[Any, int]:
+    """The idle relay's plan of its wait, and the table and index rows it read."""
+    plan = queries.idle_stmt("postgresql")
+    with pg_engine.connect() as conn:
+        row = conn.execute(plan).one()
+        explained = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {plan.compile(dialect=pg_engine.dialect)}"
+        ).scalar_one()
+    return row, _rows_read(explained[0]["Plan"])
 
 
 def test_a_claim_parks_what_waits_behind_a_row_it_parks(
