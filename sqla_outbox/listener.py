@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from sqla_outbox.logs import log_event
+from sqla_outbox.logs import error_line, log_event
 from sqla_outbox.notify import CHANNEL
 
 __all__ = [
@@ -127,7 +127,7 @@ class NotificationListener:
                     "relay.listen_error",
                     relay=self._relay_id,
                     retry_in=delay,
-                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                    error=error_line(error),
                 )
                 self._stop.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX)

@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import logging
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ __all__ = [
     "LogfmtFormatter",
     "PassLog",
     "describe_error",
+    "error_line",
     "formatter",
     "log_event",
     "logfmt",
@@ -80,11 +82,41 @@ class _Logfmt:
         return logfmt(self.fields)
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return found.group().encode("unicode_escape").decode("ascii")
+
+
 def describe_error(error: BaseException) -> str:
     """``Type: message``, or just ``Type`` for an error without one (``CancelledError()``): how
-    every log line and ``last_error`` names an error."""
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    every log line and ``last_error`` names an error.
+
+    Whatever the error holds, the result is text every store keeps. A NUL or a lone surrogate
+    in the message (binary in a response body, a broker's reply decoded with
+    ``surrogateescape``) is written as its escape (``\\x00``, ``\\udc80``): PostgreSQL stores
+    no NUL and UTF-8 encodes no surrogate. An error whose ``str()`` raises is named by its type.
+    Either used to fail the write-back of the pass that met it, its marks with it: the row was
+    never charged, so never dead-lettered, and every pass that claimed it published the rows
+    before it again.
+    """
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:  # a broken __str__ must not take the pass down with it
+        return f"{name} (its str() raised)"
+    if not text:
+        return name
+    if not text.isascii() or "\x00" in text:
+        text = _UNSTORABLE.sub(_escaped, text)
+    return f"{name}: {text}"
+
+
+def error_line(error: BaseException) -> str:
+    """The first line of :func:`describe_error`: a database or driver error in a log field
+    (their messages go on with the SQL and a documentation link)."""
+    return describe_error(error).splitlines()[0]
 
 
 def log_event(

@@ -68,7 +68,7 @@ from sqlalchemy import Engine
 
 from sqla_outbox import queries
 from sqla_outbox.engines import hide_password
-from sqla_outbox.logs import log_event
+from sqla_outbox.logs import error_line, log_event
 from sqla_outbox.observers import PassReport
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ class Backlog:
                     "metrics.backlog_failed",
                     url=hide_password(engine.url),
                     retry_in=self.interval,
-                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                    error=error_line(error),
                 )
                 return None
             pending += numbers.pending

@@ -67,7 +67,7 @@ from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.liveness import Liveness, liveness_bound
-from sqla_outbox.logs import PassLog, describe_error, log_event
+from sqla_outbox.logs import PassLog, describe_error, error_line, log_event
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.metrics import Registry, relay_metrics
 from sqla_outbox.notify import subscribe, unsubscribe
@@ -482,7 +482,7 @@ class Relay:
                     relay=self.relay_id,
                     claim=carried.token if carried else None,
                     rows=len(carried.ids) if carried else 0,
-                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                    error=error_line(error),
                 )
             finally:
                 self._statements.drop_connection()
@@ -688,7 +688,7 @@ class Relay:
                     "relay.database_error",
                     relay=self.relay_id,
                     retry_in=round(backoff, 3),
-                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                    error=error_line(error),
                 )
             except ENDS_PROCESS:
                 raise

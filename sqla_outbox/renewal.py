@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sqla_outbox.logs import log_event
+from sqla_outbox.logs import error_line, log_event
 
 __all__ = ["Claim", "LeaseRenewal"]
 
@@ -154,7 +154,7 @@ class LeaseRenewal:
                     logging.WARNING,
                     "relay.renew_failed",
                     claim=claim.token,
-                    error=f"{type(error).__name__}: {error}".splitlines()[0],
+                    error=error_line(error),
                 )
             finally:
                 self._busy.release()

@@ -64,7 +64,7 @@ from sqlalchemy.engine import URL
 from sqla_outbox import queries
 from sqla_outbox.coltypes import MYSQL_DIALECTS, as_utc
 from sqla_outbox.errors import ConfigurationError
-from sqla_outbox.logs import log_event
+from sqla_outbox.logs import error_line, log_event
 from sqla_outbox.preflight import check_outbox_table, operator_engine
 from sqla_outbox.schema_errors import raise_if_missing_table
 
@@ -309,7 +309,7 @@ class BackgroundPurge:
                 "relay.purge_failed",
                 relay=self.relay_id,
                 retry_in=self.interval,
-                error=f"{type(error).__name__}: {error}".splitlines()[0],
+                error=error_line(error),
             )
             return False
         return self.behind

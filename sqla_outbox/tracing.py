@@ -64,11 +64,13 @@ The traps
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from sqla_outbox.logs import describe_error
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.publishing import ENDS_PROCESS, confirmed_count, is_outage
 
@@ -344,8 +346,10 @@ class _Spans:
             else f"{kind.__module__}.{kind.__qualname__}"
         )
         if record:
-            span.record_exception(error)
-            description = f"{kind.__name__}: {error}"
+            # The SDK reads str(error): one whose __str__ raises is still named by the status.
+            with contextlib.suppress(Exception):
+                span.record_exception(error)
+            description = describe_error(error)
         else:
             description = (
                 f"not confirmed: the batch stopped at an earlier message ({kind.__name__})"

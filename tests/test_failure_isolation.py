@@ -116,6 +116,48 @@ def test_a_poison_message_is_tried_max_attempts_then_dead_while_199_flow(
     assert [letter.message.job for letter in outbox.dead_letters(engine)] == ["m50"]
 
 
+class _TextlessError(RuntimeError):
+    def __str__(self) -> str:
+        raise ValueError("this error has no text")
+
+
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (RuntimeError("refused: \x00 in the reply"), "RuntimeError: refused: \\x00 in the reply"),
+        (RuntimeError("reply b'\udcff' undecodable"), "RuntimeError: reply b'\\udcff' undecodable"),
+        (_TextlessError(), "_TextlessError (its str() raised)"),
+    ],
+    ids=["nul", "lone-surrogate", "str-raises"],
+)
+def test_a_refusal_of_any_text_is_charged_to_its_row(
+    engine: Engine, make_relay: MakeRelay, error: Exception, recorded: str
+) -> None:
+    """Refusals whose message no database stores as it is (a NUL: PostgreSQL's text refuses
+    it; a lone surrogate: UTF-8 cannot encode it) or that have no text at all (``str()``
+    raises): charged to their row like any other, tried max_publish_attempts times, then dead,
+    escaped in ``last_error``; the rows around it published once. The pass's write-back failed
+    on such an error: the row was never charged nor dead-lettered, the rows the pass had
+    published stayed unmarked, and every claim that met the row published them again."""
+    stage_each(engine, [("before", None), ("bad", None), ("after", None)])
+    published: list[str] = []
+    attempts = Counter[str]()
+
+    def publish(message: OutboxMessage) -> None:
+        attempts[message.job] += 1
+        if message.job == "bad":
+            raise error
+        published.append(message.job)
+
+    relay = make_relay(engine, publish, max_publish_attempts=2)
+    relay.drain()
+    drain_until(relay, engine, lambda: rows(engine)["bad"].dead_at is not None)
+    assert published == ["before", "after"]
+    assert attempts["bad"] == 2
+    dead = rows(engine)["bad"]
+    assert (dead.attempts, dead.last_error) == (2, recorded)
+
+
 def test_a_failed_row_waits_out_its_backoff(engine: Engine, make_relay: MakeRelay) -> None:
     """A failed row is not retried before its backoff has passed, however often the relay
     claims; once it has, it is retried, and its attempts and error are on the row meanwhile."""
@@ -955,13 +997,8 @@ def test_an_idle_plan_reads_none_of_the_dead_letters_or_parked_rows(pg_engine: E
         conn.execute(update(Row).where(Row.id == scheduled.id).values(run_at=later))
     with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("VACUUM ANALYZE outbox")  # as autovacuum leaves them, in time
-    row, read = _idle_plan(pg_engine)
-    assert (row.next_run_at, row.next_retry_at, row.oldest_claim, bool(row.parked)) == (
-        later,
-        None,
-        None,
-        True,
-    )
+    plan, read = _idle_plan(pg_engine)
+    assert plan == ((later, None, None), True)
     assert read <= 5, read
 
 
@@ -981,25 +1018,22 @@ def test_an_idle_plan_after_a_drain_reads_no_published_row(pg_engine: Engine) ->
         conn.exec_driver_sql("VACUUM ANALYZE outbox")
     with pg_engine.begin() as conn:
         conn.execute(update(Row).values(published_at=dt.datetime.now(dt.timezone.utc)))
-    row, read = _idle_plan(pg_engine)
-    assert (row.next_run_at, row.next_retry_at, row.oldest_claim, bool(row.parked)) == (
-        None,
-        None,
-        None,
-        False,
-    )
+    plan, read = _idle_plan(pg_engine)
+    assert plan == ((None, None, None), False)
     assert read <= 5, read
 
 
-def _idle_plan(pg_engine: Engine) -> tuple[Any, int]:
-    """The idle relay's plan of its wait, and the table and index rows it read."""
-    plan = queries.idle_stmt("postgresql")
+def _idle_plan(pg_engine: Engine) -> tuple[tuple[tuple[Any, ...], bool], int]:
+    """The idle relay's plan of its wait (the next ``run_at``, retry and claim to lapse, and
+    whether any row is parked), and the table and index rows it read."""
+    statement = queries.idle_stmt("postgresql")
     with pg_engine.connect() as conn:
-        row = conn.execute(plan).one()
+        row = conn.execute(statement).one()
         explained = conn.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) {plan.compile(dialect=pg_engine.dialect)}"
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {statement.compile(dialect=pg_engine.dialect)}"
         ).scalar_one()
-    return row, _rows_read(explained[0]["Plan"])
+    plan = ((row.next_run_at, row.next_retry_at, row.oldest_claim), bool(row.parked))
+    return plan, _rows_read(explained[0]["Plan"])
 
 
 def test_a_claim_parks_what_waits_behind_a_row_it_parks(

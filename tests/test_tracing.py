@@ -207,6 +207,31 @@ def test_a_failed_publish_records_the_exception_and_error_status(
     assert carries(header(received, "traceparent"), span)
 
 
+class _TextlessError(RuntimeError):
+    def __str__(self) -> str:
+        raise ValueError("this error has no text")
+
+
+def test_an_error_without_text_fails_its_span_and_is_charged_as_raised(
+    pg_engine: Engine, make_relay: MakeRelay, spans: InMemorySpanExporter
+) -> None:
+    """A publisher error whose ``str()`` raises: the SDK cannot record it as an event, yet the
+    span ends in ERROR naming it, and the relay charges the row with that error, not with the
+    ``ValueError`` its ``__str__`` raised (which the wrapper let escape instead)."""
+    message, _request = enqueue_in_span(pg_engine, "POST /orders")
+
+    def publish(_message: OutboxMessage) -> None:
+        raise _TextlessError
+
+    result = make_relay(pg_engine, publish).drain()
+
+    assert (result.published, result.failed, result.outage) == (0, True, False)
+    [span] = producers(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "_TextlessError (its str() raised)"
+    assert row(pg_engine, message).last_error == "_TextlessError (its str() raised)"
+
+
 # --- batches -----------------------------------------------------------------------------------
 
 
