@@ -24,14 +24,22 @@ sends what it did not hold back in another batch.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqla_outbox.errors import BrokerUnavailableError
 from sqla_outbox.message import OutboxMessage
 
-__all__ = ["ENDS_PROCESS", "PassOutcome", "confirmed_count", "is_outage", "publish_claim"]
+__all__ = [
+    "ENDS_PROCESS",
+    "PassOutcome",
+    "confirmed_count",
+    "is_outage",
+    "not_sent",
+    "publish_claim",
+]
 
 ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
 """What a publisher may raise that is not a failed publish but a request to stop."""
@@ -141,7 +149,9 @@ def publish_claim(
             outcome.held_back.append(message)
             continue
         try:
-            publish(message)
+            sent = publish(message)
+            if sent is not None and inspect.isawaitable(sent):
+                raise not_sent(sent)
         except BaseException as error:  # all of them: see the module documentation
             if isinstance(error, ENDS_PROCESS) or is_outage(error):
                 outcome.handed_back.extend(messages[index:])
@@ -155,6 +165,27 @@ def publish_claim(
             continue
         outcome.published.append(message)
     return outcome
+
+
+def not_sent(awaitable: Awaitable[object]) -> TypeError:
+    """The failure of a publish that returned ``awaitable`` instead of publishing.
+
+    A publisher returning a coroutine (a ``lambda`` around an async client's ``publish``, an
+    ``async def`` the relay could not recognise) has sent nothing: the relay never awaits. The
+    message is charged as a failed publish, its ``last_error`` saying why, rather than marked
+    published and lost. The coroutine is closed, so Python does not warn that it was never
+    awaited.
+    """
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
+    name = getattr(awaitable, "__qualname__", None)
+    shown = type(awaitable).__name__ + (f" {name}()" if isinstance(name, str) else "")
+    return TypeError(
+        f"the publisher returned {shown} instead of publishing: "
+        "the relay calls it synchronously and never awaits, so nothing was sent. Make the "
+        "publisher return once the broker has the message (docs/publishers.md)."
+    )
 
 
 def _ended(outcome: PassOutcome, error: BaseException) -> None:
@@ -179,7 +210,9 @@ def _publish_batches(
             outcome.handed_back.extend(batch)
             break
         try:
-            publish_batch(batch)
+            sent = publish_batch(batch)
+            if sent is not None and inspect.isawaitable(sent):
+                raise not_sent(sent)
         except BaseException as error:  # all of them: see the module documentation
             # Only what the error says was confirmed counts as published; anything else is
             # published again later (at least once), never lost.

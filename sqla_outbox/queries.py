@@ -1232,10 +1232,10 @@ def idle_stmt(dialect: str) -> Select[Any, Any, Any, bool, dt.datetime]:
 
     Only rows a claim may take can bring a relay back (:func:`_claimable`): a dead letter comes
     due only when an operator retries it, a parked row only when its holder's mark or a sweep
-    unparks it. So the aggregates read ``ix_outbox_claimable`` and ``parked`` is the first entry of
-    ``ix_outbox_parked_group``: an idle relay's plan costs the same with ten thousand dead
-    letters or parked rows as with none (reading every unpublished row, it cost ten times more
-    with 10,000 of them, on every idle transition).
+    unparks it. So the aggregates read ``ix_outbox_claimable``, ``parked`` is the first entry
+    of ``ix_outbox_parked_group``, and an idle relay's plan costs the same with ten thousand
+    dead letters or parked rows as with none (reading every unpublished row, it cost 14 times
+    as much with 10,000 of them, on every idle transition).
 
     Aggregates over some of the rows are ``min(CASE WHEN ... THEN x END)`` rather than
     ``FILTER (WHERE ...)``, which MySQL and MariaDB lack. There ``now`` is cast to

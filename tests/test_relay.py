@@ -902,6 +902,79 @@ def test_a_base_exception_from_a_publisher_is_a_failed_publish(
     assert watch.samples > 0 and watch.false == 0
 
 
+async def _async_publish(message: OutboxMessage) -> None:
+    raise AssertionError("an async publisher never runs")
+
+
+class _AsyncPublisher:
+    async def publish(self, message: OutboxMessage) -> None:
+        raise AssertionError("an async publisher never runs")
+
+
+class _AsyncCallable:
+    async def __call__(self, message: OutboxMessage) -> None:
+        raise AssertionError("an async publisher never runs")
+
+
+class _AsyncBatchPublisher:
+    def publish(self, message: OutboxMessage) -> None:
+        raise AssertionError("the relay uses publish_batch")
+
+    async def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
+        raise AssertionError("an async publisher never runs")
+
+
+@pytest.mark.parametrize(
+    ("publisher", "name"),
+    [
+        (_async_publish, "publisher"),
+        (_AsyncPublisher(), "publisher.publish"),
+        (_AsyncCallable(), "publisher"),
+        (_AsyncBatchPublisher(), "publisher.publish_batch"),
+    ],
+    ids=["async-def", "async-method", "async-call", "async-batch"],
+)
+def test_an_async_publisher_is_refused_when_the_relay_is_built(
+    sqlite_engine: Engine, publisher: object, name: str
+) -> None:
+    """An ``async def`` publisher (a function, a ``publish`` or ``publish_batch`` method, an
+    async ``__call__``): the relay would call it in its thread and get a coroutine back that
+    never runs, so it is refused at ``Relay(...)``, saying how to run it instead. It used to be
+    accepted, and every message was marked published with nothing sent."""
+    with pytest.raises(TypeError, match=f"^{name} must be synchronous.*run_coroutine_threadsafe"):
+        outbox.Relay(sqlite_engine, publisher)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("form", ["publish", "publish_batch"])
+def test_a_publisher_returning_a_coroutine_has_published_nothing(
+    engine: Engine, make_relay: MakeRelay, form: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    """A plain callable returning a coroutine (a ``lambda`` around an async client's
+    ``publish``, which no check at ``Relay(...)`` can see through): the relay never awaits it,
+    so nothing was sent. Each message is charged as a failed publish, its ``last_error`` saying
+    why, instead of being marked published and lost; the coroutines are closed, so none is
+    reported as never awaited."""
+    ids = stage(engine, 3, per_transaction=1)
+
+    class Wrapped:
+        def publish(self, message: OutboxMessage) -> object:
+            return _async_publish(message)
+
+        def publish_batch(self, messages: Sequence[OutboxMessage]) -> object:
+            return _async_publish(messages[0])
+
+    wrapped = Wrapped()
+    publisher: Any = wrapped if form == "publish_batch" else wrapped.publish
+    result = make_relay(engine, publisher).drain()
+
+    assert (result.published, result.failed) == (0, True)
+    assert published_ids(engine) == set()
+    for message_id in ids:
+        assert_charged(engine, message_id, "TypeError: the publisher returned coroutine")
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
 def test_a_failed_publish_leaves_no_reference_cycle_behind_its_pass(
     engine: Engine, make_relay: MakeRelay
 ) -> None:

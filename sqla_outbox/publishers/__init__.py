@@ -32,13 +32,21 @@ subclasses :class:`~sqla_outbox.errors.BrokerError`, and its outage error
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from sqla_outbox.errors import ArgumentTypeError
 from sqla_outbox.message import OutboxMessage
 
-__all__ = ["BatchPublisher", "Publisher", "PublisherLike", "batch_function", "publish_function"]
+__all__ = [
+    "BatchPublisher",
+    "Publisher",
+    "PublisherLike",
+    "batch_function",
+    "check_synchronous",
+    "publish_function",
+]
 
 
 @runtime_checkable
@@ -65,11 +73,14 @@ PublisherLike = Publisher | Callable[[OutboxMessage], object]
 
 
 def publish_function(publisher: PublisherLike) -> Callable[[OutboxMessage], object]:
-    """The one-message callable behind ``publisher``, or ``TypeError`` saying what is expected."""
+    """The one-message callable behind ``publisher``, or ``TypeError`` saying what is expected
+    (also for an ``async def`` one: see :func:`check_synchronous`)."""
     method = getattr(publisher, "publish", None)
     if callable(method):
+        check_synchronous(method, "publisher.publish")
         return method  # type: ignore[no-any-return]
     if callable(publisher):
+        check_synchronous(publisher, "publisher")
         return publisher
     raise ArgumentTypeError(
         f"publisher must be a callable taking one OutboxMessage or an object with a "
@@ -78,6 +89,31 @@ def publish_function(publisher: PublisherLike) -> Callable[[OutboxMessage], obje
 
 
 def batch_function(publisher: object) -> Callable[[Sequence[OutboxMessage]], object] | None:
-    """``publisher.publish_batch`` if it has one, else ``None``."""
+    """``publisher.publish_batch`` if it has one, else ``None``; ``TypeError`` if it is an
+    ``async def``."""
     method = getattr(publisher, "publish_batch", None)
-    return method if callable(method) else None
+    if not callable(method):
+        return None
+    check_synchronous(method, "publisher.publish_batch")
+    return method  # type: ignore[no-any-return]
+
+
+def check_synchronous(function: Callable[..., object], name: str) -> None:
+    """Refuse ``function`` with ``TypeError`` if it is a coroutine function.
+
+    The relay calls its publisher in its own thread and counts a return as "the broker has it".
+    Called, an ``async def`` returns a coroutine that never runs: every message would be marked
+    published and none sent. (A plain function that returns an awaitable, such as a lambda
+    around an async client, cannot be told apart here; the relay refuses its result instead,
+    as a failed publish: :func:`sqla_outbox.publishing.not_sent`.)
+    """
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004 - an object with an async __call__
+    ):
+        raise ArgumentTypeError(
+            f"{name} must be synchronous, got the coroutine function "
+            f"{function!r}: the relay calls it in its own thread, and a coroutine that nobody "
+            "awaits publishes nothing. Run it on an event loop from a plain function, e.g. "
+            "asyncio.run_coroutine_threadsafe(publish(message), loop).result() with a loop "
+            "running in another thread, or use a bundled publisher (docs/publishers.md)."
+        )
