@@ -15,6 +15,8 @@ The claim arrives in claim order and already respects every promise across claim
 * ``KeyboardInterrupt`` and ``SystemExit`` end the pass like a graceful stop and are re-raised
   by the relay once the pass is settled. Every other ``BaseException`` (an
   ``asyncio.CancelledError`` escaping a client) is a failed publish of that message.
+* A publish that returns an awaitable has sent nothing (the relay never awaits): a failed
+  publish of that message too (:func:`not_sent`).
 
 A batch publisher (``publish_batch``) gets the whole claim; a partial confirmation
 (``error.published = k``) publishes the first ``k``, charges message ``k`` and, in key order,

@@ -160,7 +160,8 @@ class Relay:
         is replaced by a synchronous engine on the same URL).
     :param publisher: a callable taking one :class:`OutboxMessage`, or an object with
         ``publish(message)``; raising means "not published", raising
-        :class:`~sqla_outbox.BrokerUnavailableError` means "the broker is down".
+        :class:`~sqla_outbox.BrokerUnavailableError` means "the broker is down". Synchronous:
+        an ``async def`` one is refused with ``TypeError``.
     :param batch_size: rows per claim.
     :param poll_interval: seconds between passes when there is nothing to do.
     :param claim_lease: seconds (or ``timedelta``) a claim stays this relay's unless renewed;
