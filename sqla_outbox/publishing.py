@@ -16,7 +16,7 @@ The claim arrives in claim order and already respects every promise across claim
   by the relay once the pass is settled. Every other ``BaseException`` (an
   ``asyncio.CancelledError`` escaping a client) is a failed publish of that message.
 * A publish that returns an awaitable has sent nothing (the relay never awaits): a failed
-  publish of that message too (:func:`not_sent`).
+  publish of that message too (:func:`refuse_awaitable`).
 
 A batch publisher (``publish_batch``) gets the whole claim; a partial confirmation
 (``error.published = k``) publishes the first ``k``, charges message ``k`` and, in key order,
@@ -41,6 +41,7 @@ __all__ = [
     "is_outage",
     "not_sent",
     "publish_claim",
+    "refuse_awaitable",
 ]
 
 ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
@@ -151,9 +152,7 @@ def publish_claim(
             outcome.held_back.append(message)
             continue
         try:
-            sent = publish(message)
-            if sent is not None and inspect.isawaitable(sent):
-                raise not_sent(sent)
+            refuse_awaitable(publish(message))
         except BaseException as error:  # all of them: see the module documentation
             if isinstance(error, ENDS_PROCESS) or is_outage(error):
                 outcome.handed_back.extend(messages[index:])
@@ -167,6 +166,12 @@ def publish_claim(
             continue
         outcome.published.append(message)
     return outcome
+
+
+def refuse_awaitable(sent: object) -> None:
+    """Raise :func:`not_sent` if a publish returned an awaitable: it has sent nothing."""
+    if sent is not None and inspect.isawaitable(sent):
+        raise not_sent(sent)
 
 
 def not_sent(awaitable: Awaitable[object]) -> TypeError:
@@ -212,9 +217,7 @@ def _publish_batches(
             outcome.handed_back.extend(batch)
             break
         try:
-            sent = publish_batch(batch)
-            if sent is not None and inspect.isawaitable(sent):
-                raise not_sent(sent)
+            refuse_awaitable(publish_batch(batch))
         except BaseException as error:  # all of them: see the module documentation
             # Only what the error says was confirmed counts as published; anything else is
             # published again later (at least once), never lost.

@@ -32,7 +32,9 @@ Publish: :func:`trace_publish`, :func:`trace_publish_batch`
     * a publish that raises (anything: a refusal, a :class:`~sqla_outbox.BrokerUnavailableError`,
       even ``KeyboardInterrupt``) records the exception, sets ``error.type`` to its fully
       qualified class name and the status to ``ERROR``, and re-raises it unchanged: the relay
-      sees exactly what it would without tracing.
+      sees exactly what it would without tracing. A publish that returns a coroutine has sent
+      nothing, and fails in its span with the ``TypeError`` the relay charges
+      (:func:`~sqla_outbox.publishing.refuse_awaitable`).
     * a batch publisher (``publish_batch``) gets one span per message, all started before the
       call and ended after it, with ``messaging.batch.message_count``. If the call raises, the
       messages the error says were confirmed (its ``published`` count, read exactly as
@@ -72,7 +74,7 @@ from typing import TYPE_CHECKING
 
 from sqla_outbox.logs import describe_error
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.publishing import ENDS_PROCESS, confirmed_count, is_outage
+from sqla_outbox.publishing import ENDS_PROCESS, confirmed_count, is_outage, refuse_awaitable
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -269,7 +271,9 @@ class _Spans:
             handed = self._handed(message, span)
             token = self._attach(self._otel.set_span_in_context(span))
             try:
-                return publish(handed)
+                sent = publish(handed)
+                refuse_awaitable(sent)  # a coroutine returned is a failed publish: in the span
+                return sent
             finally:
                 self._detach(token)
         except BaseException as error:  # all of them, re-raised: see the module docs
@@ -286,7 +290,9 @@ class _Spans:
         count = len(messages)
         spans = [self._start(tracer, message, count) for message in messages]
         try:
-            return publish_batch([self._handed(m, s) for m, s in zip(messages, spans, strict=True)])
+            sent = publish_batch([self._handed(m, s) for m, s in zip(messages, spans, strict=True)])
+            refuse_awaitable(sent)
+            return sent
         except BaseException as error:  # all of them, re-raised: see the module docs
             ended = isinstance(error, ENDS_PROCESS) or is_outage(error)
             # As the relay counts it (sqla_outbox.publishing): a refusal always leaves one

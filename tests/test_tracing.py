@@ -232,6 +232,36 @@ def test_an_error_without_text_fails_its_span_and_is_charged_as_raised(
     assert row(pg_engine, message).last_error == "_TextlessError (its str() raised)"
 
 
+@pytest.mark.parametrize("form", ["publish", "publish_batch"])
+def test_a_publish_returning_a_coroutine_fails_its_span(
+    pg_engine: Engine, make_relay: MakeRelay, spans: InMemorySpanExporter, form: str
+) -> None:
+    """A publisher that returns a coroutine has sent nothing: its span ends in ERROR with the
+    ``TypeError`` the relay charges the row with (it ended OK, with the row charged)."""
+    message, _request = enqueue_in_span(pg_engine, "POST /orders")
+
+    async def never_run() -> None:
+        raise AssertionError("the relay never awaits")
+
+    class Wrapped:
+        def publish(self, message: OutboxMessage) -> object:
+            return never_run()
+
+        def publish_batch(self, messages: Sequence[OutboxMessage]) -> object:
+            return never_run()
+
+    wrapped = Wrapped()
+    publisher: Any = wrapped if form == "publish_batch" else wrapped.publish
+    result = make_relay(pg_engine, publisher).drain()
+
+    assert (result.published, result.failed) == (0, True)
+    [span] = producers(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert (span.attributes or {})["error.type"] == "TypeError"
+    assert (span.status.description or "").startswith("TypeError: the publisher returned")
+    assert (row(pg_engine, message).last_error or "").startswith(span.status.description or "?")
+
+
 # --- batches -----------------------------------------------------------------------------------
 
 
