@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqla_outbox.errors import BrokerUnavailableError
@@ -39,7 +39,6 @@ __all__ = [
     "PassOutcome",
     "confirmed_count",
     "is_outage",
-    "not_sent",
     "publish_claim",
     "refuse_awaitable",
 ]
@@ -169,13 +168,7 @@ def publish_claim(
 
 
 def refuse_awaitable(sent: object) -> None:
-    """Raise :func:`not_sent` if a publish returned an awaitable: it has sent nothing."""
-    if sent is not None and inspect.isawaitable(sent):
-        raise not_sent(sent)
-
-
-def not_sent(awaitable: Awaitable[object]) -> TypeError:
-    """The failure of a publish that returned ``awaitable`` instead of publishing.
+    """Raise ``TypeError`` if a publish returned ``sent``, an awaitable: it has sent nothing.
 
     A publisher returning a coroutine (a ``lambda`` around an async client's ``publish``, an
     ``async def`` the relay could not recognise) has sent nothing: the relay never awaits. The
@@ -183,12 +176,14 @@ def not_sent(awaitable: Awaitable[object]) -> TypeError:
     published and lost. The coroutine is closed, so Python does not warn that it was never
     awaited.
     """
-    close = getattr(awaitable, "close", None)
+    if sent is None or not inspect.isawaitable(sent):
+        return
+    close = getattr(sent, "close", None)
     if callable(close):
         close()
-    name = getattr(awaitable, "__qualname__", None)
-    shown = type(awaitable).__name__ + (f" {name}()" if isinstance(name, str) else "")
-    return TypeError(
+    name = getattr(sent, "__qualname__", None)
+    shown = type(sent).__name__ + (f" {name}()" if isinstance(name, str) else "")
+    raise TypeError(
         f"the publisher returned {shown} instead of publishing: "
         "the relay calls it synchronously and never awaits, so nothing was sent. Make the "
         "publisher return once the broker has the message (docs/publishers.md)."

@@ -46,6 +46,29 @@ class ManualClock:
         return self.now
 
 
+class TextlessError(RuntimeError):
+    """A publisher error with no text: its ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise ValueError("this error has no text")
+
+
+async def never_awaited(*_args: object) -> None:
+    """What a publisher built around an async client returns: a coroutine nobody runs."""
+    raise AssertionError("the relay never awaits")
+
+
+class ReturnsCoroutines:
+    """A synchronous publisher whose ``publish`` and ``publish_batch`` return a coroutine (a
+    ``lambda`` around an async client's ``publish``): nothing is ever sent."""
+
+    def publish(self, message: OutboxMessage) -> object:
+        return never_awaited(message)
+
+    def publish_batch(self, messages: Sequence[OutboxMessage]) -> object:
+        return never_awaited(messages)
+
+
 # --- staging and reading rows ------------------------------------------------------------------
 
 

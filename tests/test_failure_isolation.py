@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, select, update
 from sqlalchemy.orm import Session
-from support import REPO, MakeRelay, cli_env, expire_backoffs, recorded_ids, url_of, wait_until
+from support import (
+    REPO,
+    MakeRelay,
+    TextlessError,
+    cli_env,
+    expire_backoffs,
+    recorded_ids,
+    url_of,
+    wait_until,
+)
 
 import sqla_outbox as outbox
 from sqla_outbox import queries
@@ -116,17 +125,12 @@ def test_a_poison_message_is_tried_max_attempts_then_dead_while_199_flow(
     assert [letter.message.job for letter in outbox.dead_letters(engine)] == ["m50"]
 
 
-class _TextlessError(RuntimeError):
-    def __str__(self) -> str:
-        raise ValueError("this error has no text")
-
-
 @pytest.mark.parametrize(
     ("error", "recorded"),
     [
         (RuntimeError("refused: \x00 in the reply"), "RuntimeError: refused: \\x00 in the reply"),
         (RuntimeError("reply b'\udcff' undecodable"), "RuntimeError: reply b'\\udcff' undecodable"),
-        (_TextlessError(), "_TextlessError (its str() raised)"),
+        (TextlessError(), "TextlessError (its str() raised)"),
     ],
     ids=["nul", "lone-surrogate", "str-raises"],
 )

@@ -25,7 +25,15 @@ import pytest
 from sqlalchemy import URL, Engine, event, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-from support import MakeRelay, assert_charged, assert_uncharged, expire_backoffs, wait_until
+from support import (
+    MakeRelay,
+    ReturnsCoroutines,
+    assert_charged,
+    assert_uncharged,
+    expire_backoffs,
+    never_awaited,
+    wait_until,
+)
 
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine
@@ -902,10 +910,6 @@ def test_a_base_exception_from_a_publisher_is_a_failed_publish(
     assert watch.samples > 0 and watch.false == 0
 
 
-async def _async_publish(message: OutboxMessage) -> None:
-    raise AssertionError("an async publisher never runs")
-
-
 class _AsyncPublisher:
     async def publish(self, message: OutboxMessage) -> None:
         raise AssertionError("an async publisher never runs")
@@ -927,7 +931,7 @@ class _AsyncBatchPublisher:
 @pytest.mark.parametrize(
     ("publisher", "name"),
     [
-        (_async_publish, "publisher"),
+        (never_awaited, "publisher"),
         (_AsyncPublisher(), "publisher.publish"),
         (_AsyncCallable(), "publisher"),
         (_AsyncBatchPublisher(), "publisher.publish_batch"),
@@ -955,15 +959,7 @@ def test_a_publisher_returning_a_coroutine_has_published_nothing(
     why, instead of being marked published and lost; the coroutines are closed, so none is
     reported as never awaited."""
     ids = stage(engine, 3, per_transaction=1)
-
-    class Wrapped:
-        def publish(self, message: OutboxMessage) -> object:
-            return _async_publish(message)
-
-        def publish_batch(self, messages: Sequence[OutboxMessage]) -> object:
-            return _async_publish(messages[0])
-
-    wrapped = Wrapped()
+    wrapped = ReturnsCoroutines()
     publisher: Any = wrapped if form == "publish_batch" else wrapped.publish
     result = make_relay(engine, publisher).drain()
 

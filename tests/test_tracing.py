@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 from sqlalchemy import Engine
-from support import MakeRelay, row, stage_inputs
+from support import MakeRelay, ReturnsCoroutines, TextlessError, row, stage_inputs
 
 from sqla_outbox.errors import BrokerUnavailableError, PublishError
 from sqla_outbox.message import OutboxMessage
@@ -207,11 +207,6 @@ def test_a_failed_publish_records_the_exception_and_error_status(
     assert carries(header(received, "traceparent"), span)
 
 
-class _TextlessError(RuntimeError):
-    def __str__(self) -> str:
-        raise ValueError("this error has no text")
-
-
 def test_an_error_without_text_fails_its_span_and_is_charged_as_raised(
     pg_engine: Engine, make_relay: MakeRelay, spans: InMemorySpanExporter
 ) -> None:
@@ -221,15 +216,15 @@ def test_an_error_without_text_fails_its_span_and_is_charged_as_raised(
     message, _request = enqueue_in_span(pg_engine, "POST /orders")
 
     def publish(_message: OutboxMessage) -> None:
-        raise _TextlessError
+        raise TextlessError
 
     result = make_relay(pg_engine, publish).drain()
 
     assert (result.published, result.failed, result.outage) == (0, True, False)
     [span] = producers(spans)
     assert span.status.status_code is StatusCode.ERROR
-    assert span.status.description == "_TextlessError (its str() raised)"
-    assert row(pg_engine, message).last_error == "_TextlessError (its str() raised)"
+    assert span.status.description == "TextlessError (its str() raised)"
+    assert row(pg_engine, message).last_error == "TextlessError (its str() raised)"
 
 
 @pytest.mark.parametrize("form", ["publish", "publish_batch"])
@@ -239,18 +234,7 @@ def test_a_publish_returning_a_coroutine_fails_its_span(
     """A publisher that returns a coroutine has sent nothing: its span ends in ERROR with the
     ``TypeError`` the relay charges the row with (it ended OK, with the row charged)."""
     message, _request = enqueue_in_span(pg_engine, "POST /orders")
-
-    async def never_run() -> None:
-        raise AssertionError("the relay never awaits")
-
-    class Wrapped:
-        def publish(self, message: OutboxMessage) -> object:
-            return never_run()
-
-        def publish_batch(self, messages: Sequence[OutboxMessage]) -> object:
-            return never_run()
-
-    wrapped = Wrapped()
+    wrapped = ReturnsCoroutines()
     publisher: Any = wrapped if form == "publish_batch" else wrapped.publish
     result = make_relay(pg_engine, publisher).drain()
 

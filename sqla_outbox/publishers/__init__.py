@@ -105,7 +105,7 @@ def check_synchronous(function: Callable[..., object], name: str) -> None:
     Called, an ``async def`` returns a coroutine that never runs: every message would be marked
     published and none sent. (A plain function that returns an awaitable, such as a lambda
     around an async client, cannot be told apart here; the relay refuses its result instead,
-    as a failed publish: :func:`sqla_outbox.publishing.not_sent`.)
+    as a failed publish: :func:`sqla_outbox.publishing.refuse_awaitable`.)
     """
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004 - an object with an async __call__
