@@ -48,12 +48,13 @@ def fix_sqlite_transactions(engine: Engine, *, immediate: bool = False) -> Engin
 def use_utc_sessions(engine: Engine) -> Engine:
     """Run every new PostgreSQL session of ``engine`` in UTC; a no-op for other dialects.
 
-    Why: a relay hands publishers UTC datetimes. psycopg gives ``timestamptz`` values the
-    session's zone, and only a session whose ``TimeZone`` is literally ``UTC`` yields
-    ``timezone.utc`` itself; under the usual server default ``Etc/UTC`` the relay has to convert
-    two timestamps per row, a fifth of its CPU per message. Only for engines whose connections
-    the outbox owns (the console script's, or a relay given a URL): on an application's engine
-    it would change what every other query sees.
+    Why: psycopg gives ``timestamptz`` values the session's zone, and only a session whose
+    ``TimeZone`` is literally ``UTC`` yields ``timezone.utc`` itself, the zone of every
+    timestamp the outbox hands out. The relay's held connection is put in UTC by the relay
+    itself, on any engine (``sqla_outbox.stores.postgresql``); this does it for every session,
+    so the console script's other commands see UTC too. Only for engines whose connections the
+    outbox owns (the console script's, or a relay given a URL): on an application's engine it
+    would change what every other query sees.
     """
     if engine.dialect.name != "postgresql":
         return engine

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import URL, Engine, text
+from sqlalchemy import URL, Engine, event, text
+from sqlalchemy.orm import Session
 
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine, hide_password, use_utc_sessions
@@ -42,6 +44,49 @@ def test_a_relay_puts_only_its_own_engine_in_utc(pg_url: URL) -> None:
         outbox.Relay(app, lambda message: None).tick()
         with app.connect() as conn:
             assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "Europe/Berlin"
+    finally:
+        app.dispose()
+
+
+def test_a_relay_claims_in_utc_and_gives_back_the_sessions_it_found(pg_url: URL) -> None:
+    """On an application's engine whose sessions are set up on connect (a zone, ``jit``), the
+    relay claims in UTC (psycopg then returns ``timezone.utc`` itself, nothing to convert per
+    row) and the pool gets every connection back with the application's own settings, not the
+    server's defaults."""
+    app = create_engine(pg_url)
+
+    @event.listens_for(app, "connect")
+    def _app_session(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("SET TIME ZONE 'Europe/Berlin'")
+        dbapi_connection.execute("SET jit = off")
+        dbapi_connection.commit()
+
+    staged: list[dt.datetime] = []
+    try:
+        outbox.metadata.create_all(app)
+        with Session(app) as session:
+            outbox.enqueue(session, "send_receipt", {"order_id": 1})
+            session.commit()
+        zones: list[str | None] = []
+
+        @event.listens_for(app, "before_cursor_execute")
+        def _zone_of_relay_steps(conn: Any, cursor: Any, statement: str, *_args: Any) -> None:
+            if "claimed_by" in statement:  # the claims and the marks
+                zones.append(cursor.connection.info.parameter_status("TimeZone"))
+
+        relay = outbox.Relay(app, lambda message: staged.append(message.staged_at))
+        relay.drain()
+        relay.close()
+        assert zones and set(zones) == {"UTC"}
+        assert [moment.tzinfo for moment in staged] == [dt.timezone.utc]
+        pooled = [app.connect() for _ in range(app.pool.checkedin())]  # type: ignore[attr-defined]
+        try:
+            for conn in pooled:
+                assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "Europe/Berlin"
+                assert conn.exec_driver_sql("SHOW jit").scalar() == "off"
+        finally:
+            for conn in pooled:
+                conn.close()
     finally:
         app.dispose()
 

@@ -103,15 +103,14 @@ class Gate:
 
 def statement_kinds(engine: Engine) -> list[str]:
     """A list that fills with the first word of every statement ``engine`` sends from now on,
-    leaving out session settings (``SET``/``RESET``: the relay's held connection turns JIT
-    off when it is opened and back on before it returns to the pool)."""
+    leaving out session settings (``set_config``: the relay's held connection turns JIT off and
+    runs in UTC from when it is opened until it returns to the pool)."""
     kinds: list[str] = []
 
     @event.listens_for(engine, "before_cursor_execute")
     def record(_c: object, _cur: object, statement: str, *_a: object) -> None:
-        kind = statement.split(maxsplit=1)[0].upper()
-        if kind not in ("SET", "RESET"):
-            kinds.append(kind)
+        if "set_config(" not in statement:
+            kinds.append(statement.split(maxsplit=1)[0].upper())
 
     return kinds
 
