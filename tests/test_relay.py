@@ -927,6 +927,14 @@ class _AsyncBatchPublisher:
         raise AssertionError("an async publisher never runs")
 
 
+class _AsyncClose:
+    def publish(self, message: OutboxMessage) -> None:
+        raise AssertionError("never built")
+
+    async def close(self) -> None:
+        raise AssertionError("an async close never runs")
+
+
 @pytest.mark.parametrize(
     ("publisher", "name"),
     [
@@ -934,8 +942,9 @@ class _AsyncBatchPublisher:
         (_AsyncPublisher(), "publisher.publish"),
         (_AsyncCallable(), "publisher"),
         (_AsyncBatchPublisher(), "publisher.publish_batch"),
+        (_AsyncClose(), "publisher.close"),
     ],
-    ids=["async-def", "async-method", "async-call", "async-batch"],
+    ids=["async-def", "async-method", "async-call", "async-batch", "async-close"],
 )
 def test_an_async_publisher_is_refused_when_the_relay_is_built(
     sqlite_engine: Engine, publisher: object, name: str
@@ -943,7 +952,8 @@ def test_an_async_publisher_is_refused_when_the_relay_is_built(
     """An ``async def`` publisher (a function, a ``publish`` or ``publish_batch`` method, an
     async ``__call__``): the relay would call it in its thread and get a coroutine back that
     never runs, so it is refused at ``Relay(...)``, saying how to run it instead. It used to be
-    accepted, and every message was marked published with nothing sent."""
+    accepted, and every message was marked published with nothing sent. An ``async def close``
+    likewise never ran: the client was never flushed nor closed."""
     with pytest.raises(TypeError, match=f"^{name} must be synchronous.*run_coroutine_threadsafe"):
         outbox.Relay(sqlite_engine, publisher)  # type: ignore[arg-type]
 

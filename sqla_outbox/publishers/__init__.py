@@ -74,7 +74,10 @@ PublisherLike = Publisher | Callable[[OutboxMessage], object]
 
 def publish_function(publisher: PublisherLike) -> Callable[[OutboxMessage], object]:
     """The one-message callable behind ``publisher``, or ``TypeError`` saying what is expected
-    (also for an ``async def`` one: see :func:`check_synchronous`)."""
+    (also for an ``async def`` one, or an ``async def close``: see :func:`check_synchronous`)."""
+    close = getattr(publisher, "close", None)
+    if callable(close):
+        check_synchronous(close, "publisher.close", "closes nothing")
     method = getattr(publisher, "publish", None)
     if callable(method):
         check_synchronous(method, "publisher.publish")
@@ -98,14 +101,17 @@ def batch_function(publisher: object) -> Callable[[Sequence[OutboxMessage]], obj
     return method  # type: ignore[no-any-return]
 
 
-def check_synchronous(function: Callable[..., object], name: str) -> None:
+def check_synchronous(
+    function: Callable[..., object], name: str, does: str = "publishes nothing"
+) -> None:
     """Refuse ``function`` with ``TypeError`` if it is a coroutine function.
 
     The relay calls its publisher in its own thread and counts a return as "the broker has it".
     Called, an ``async def`` returns a coroutine that never runs: every message would be marked
-    published and none sent. (A plain function that returns an awaitable, such as a lambda
-    around an async client, cannot be told apart here; the relay refuses its result instead,
-    as a failed publish: :func:`sqla_outbox.publishing.refuse_awaitable`.)
+    published and none sent, or (``close``) the client never flushed nor closed. (A plain
+    function that returns an awaitable, such as a lambda around an async client, cannot be told
+    apart here; the relay refuses its result instead, as a failed publish:
+    :func:`sqla_outbox.publishing.refuse_awaitable`.)
     """
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004 - an object with an async __call__
@@ -113,7 +119,7 @@ def check_synchronous(function: Callable[..., object], name: str) -> None:
         raise ArgumentTypeError(
             f"{name} must be synchronous, got the coroutine function "
             f"{function!r}: the relay calls it in its own thread, and a coroutine that nobody "
-            "awaits publishes nothing. Run it on an event loop from a plain function, e.g. "
+            f"awaits {does}. Run it on an event loop from a plain function, e.g. "
             "asyncio.run_coroutine_threadsafe(publish(message), loop).result() with a loop "
             "running in another thread, or use a bundled publisher (docs/publishers.md)."
         )
