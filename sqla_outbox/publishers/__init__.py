@@ -77,7 +77,7 @@ def publish_function(publisher: PublisherLike) -> Callable[[OutboxMessage], obje
     (also for an ``async def`` one, or an ``async def close``: see :func:`check_synchronous`)."""
     close = getattr(publisher, "close", None)
     if callable(close):
-        check_synchronous(close, "publisher.close", "closes nothing")
+        check_synchronous(close, "publisher.close", "closes nothing", "client.close()")
     method = getattr(publisher, "publish", None)
     if callable(method):
         check_synchronous(method, "publisher.publish")
@@ -102,7 +102,10 @@ def batch_function(publisher: object) -> Callable[[Sequence[OutboxMessage]], obj
 
 
 def check_synchronous(
-    function: Callable[..., object], name: str, does: str = "publishes nothing"
+    function: Callable[..., object],
+    name: str,
+    does: str = "publishes nothing",
+    call: str = "publish(message)",
 ) -> None:
     """Refuse ``function`` with ``TypeError`` if it is a coroutine function.
 
@@ -112,6 +115,9 @@ def check_synchronous(
     function that returns an awaitable, such as a lambda around an async client, cannot be told
     apart here; the relay refuses its result instead, as a failed publish:
     :func:`sqla_outbox.publishing.refuse_awaitable`.)
+
+    ``name``, ``does`` and ``call`` word the error for what ``function`` is: its name, what its
+    unawaited coroutine fails to do, and the call to run on a loop instead.
     """
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004 - an object with an async __call__
@@ -120,6 +126,6 @@ def check_synchronous(
             f"{name} must be synchronous, got the coroutine function "
             f"{function!r}: the relay calls it in its own thread, and a coroutine that nobody "
             f"awaits {does}. Run it on an event loop from a plain function, e.g. "
-            "asyncio.run_coroutine_threadsafe(publish(message), loop).result() with a loop "
+            f"asyncio.run_coroutine_threadsafe({call}, loop).result() with a loop "
             "running in another thread, or use a bundled publisher (docs/publishers.md)."
         )
