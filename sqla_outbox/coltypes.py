@@ -28,7 +28,16 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.operators import OperatorType
 from sqlalchemy.types import TypeEngine
 
-__all__ = ["ID_TYPE", "JSON_TYPE", "MYSQL_DIALECTS", "BinaryUUID", "UTCDateTime", "as_utc"]
+__all__ = [
+    "ID_TYPE",
+    "JSON_TYPE",
+    "MYSQL_DIALECTS",
+    "BinaryUUID",
+    "InputRead",
+    "UTCDateTime",
+    "UndecodableInput",
+    "as_utc",
+]
 
 MYSQL_DIALECTS = ("mysql", "mariadb")
 """SQLAlchemy's names for MySQL and MariaDB: ``mysql://`` URLs give ``"mysql"`` whichever server
@@ -36,6 +45,48 @@ answers, ``mariadb://`` URLs ``"mariadb"``. A variant or a check for one must na
 
 JSON_TYPE = JSON().with_variant(JSONB(), "postgresql")
 """The ``input`` column's type: JSON, ``jsonb`` on PostgreSQL."""
+
+
+class UndecodableInput(str):
+    """A stored ``input`` that is not JSON: its text as stored, and ``reason``, why it is not.
+
+    Only SQLite can hold one (``JSON`` there is text that nothing checks; PostgreSQL's ``jsonb``
+    and MySQL's and MariaDB's ``JSON`` refuse it at ``INSERT``), and only in a row written
+    without :func:`~sqla_outbox.enqueue`: by hand, or by another program. The relay charges such
+    a row as a failed publish instead of publishing it (it becomes a dead letter like any
+    message that keeps failing), and :func:`~sqla_outbox.dead_letters` and ``status`` show it
+    as the text it is, instead of one row making every read of the outbox raise.
+    """
+
+    reason: str
+
+
+class InputRead(TypeDecorator[Any]):
+    """How the relay and the operator's reads decode ``input``: as its column's own JSON type
+    does, except that a value that is not JSON comes back as :class:`UndecodableInput`.
+
+    Used on the selected column only (``type_coerce``): the column, and its DDL, keep
+    :data:`JSON_TYPE`. Where the driver decodes JSON itself (psycopg's ``jsonb``), there is
+    nothing to decode here and nothing added.
+    """
+
+    impl = JSON
+    cache_ok = True
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Any:
+        decode = self.impl_instance.result_processor(dialect, coltype)
+        if decode is None:
+            return None
+
+        def process(value: Any) -> Any:
+            try:
+                return decode(value)
+            except (ValueError, RecursionError) as error:
+                text = UndecodableInput(value if isinstance(value, str) else repr(value))
+                text.reason = f"{type(error).__name__}: {error}"
+                return text
+
+        return process
 
 
 class BinaryUUID(TypeDecorator[uuid.UUID]):

@@ -17,6 +17,10 @@ The claim arrives in claim order and already respects every promise across claim
   ``asyncio.CancelledError`` escaping a client) is a failed publish of that message.
 * A publish that returns an awaitable has sent nothing (the relay never awaits): a failed
   publish of that message too (:func:`refuse_awaitable`).
+* A message whose stored ``input`` is not JSON (SQLite, a row written by hand:
+  :class:`~sqla_outbox.coltypes.UndecodableInput`) is never given to the publisher: a failed
+  publish of that message (:func:`refuse_undecodable`), charged and in time dead-lettered like
+  any other, while the rest of the claim is published.
 
 A batch publisher (``publish_batch``) gets the whole claim; a partial confirmation
 (``error.published = k``) publishes the first ``k``, charges message ``k`` and, in key order,
@@ -31,6 +35,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from sqla_outbox.coltypes import UndecodableInput
 from sqla_outbox.errors import BrokerUnavailableError
 from sqla_outbox.message import OutboxMessage
 
@@ -41,6 +46,7 @@ __all__ = [
     "is_outage",
     "publish_claim",
     "refuse_awaitable",
+    "refuse_undecodable",
 ]
 
 ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
@@ -151,6 +157,7 @@ def publish_claim(
             outcome.held_back.append(message)
             continue
         try:
+            refuse_undecodable(message)
             refuse_awaitable(publish(message))
         except BaseException as error:  # all of them: see the module documentation
             if isinstance(error, ENDS_PROCESS) or is_outage(error):
@@ -190,6 +197,40 @@ def refuse_awaitable(sent: object) -> None:
     )
 
 
+def refuse_undecodable(message: OutboxMessage) -> None:
+    """Raise ``ValueError`` if ``message``'s stored ``input`` is not JSON, saying how to mend it.
+
+    Publishing it would hand the broker text the job's consumer cannot read; refusing it makes
+    it one row's failure, with the reason in its ``last_error``, instead of either.
+    """
+    if type(message.input) is UndecodableInput:
+        raise _not_json(message, message.input)
+
+
+def _not_json(message: OutboxMessage, stored: UndecodableInput) -> ValueError:
+    return ValueError(
+        f"message {message.id}'s stored input is not JSON ({stored.reason}); it was not "
+        "written by outbox.enqueue. Correct the row's input, then retry it "
+        f"(sqla-outbox dead retry {message.id}, once it is a dead letter)."
+    )
+
+
+def _send_decodable(
+    publish_batch: Callable[[Sequence[OutboxMessage]], object], batch: Sequence[OutboxMessage]
+) -> None:
+    """``publish_batch(batch)``, except that a message whose ``input`` is not JSON is not sent:
+    what comes before it is, and then its refusal is raised as a partial confirmation of them
+    (``published``), which blames it like a broker's refusal of that message would."""
+    for index, message in enumerate(batch):
+        if type(message.input) is UndecodableInput:
+            if index:
+                refuse_awaitable(publish_batch(batch[:index]))
+            error = _not_json(message, message.input)
+            error.published = index  # type: ignore[attr-defined]
+            raise error
+    refuse_awaitable(publish_batch(batch))
+
+
 def _ended(outcome: PassOutcome, error: BaseException) -> None:
     if isinstance(error, ENDS_PROCESS):
         outcome.stop = error
@@ -212,7 +253,7 @@ def _publish_batches(
             outcome.handed_back.extend(batch)
             break
         try:
-            refuse_awaitable(publish_batch(batch))
+            _send_decodable(publish_batch, batch)
         except BaseException as error:  # all of them: see the module documentation
             # Only what the error says was confirmed counts as published; anything else is
             # published again later (at least once), never lost.

@@ -48,6 +48,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    type_coerce,
     union,
     union_all,
     update,
@@ -55,7 +56,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.elements import BindParameter, UnaryExpression
 
-from sqla_outbox.coltypes import MYSQL_DIALECTS
+from sqla_outbox.coltypes import MYSQL_DIALECTS, InputRead
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow, UTCDateTime
 
@@ -117,7 +118,14 @@ def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
 # own drifts; SQLite has no server and a single host, so the relay passes its own UTC time as
 # ``:now`` (and the instants it derives from it).
 
-_MESSAGE_COLUMNS = tuple(outbox_table.c[name] for name in OutboxMessage._fields)
+_MESSAGE_COLUMNS = tuple(
+    type_coerce(outbox_table.c.input, InputRead()).label("input")
+    if name == "input"
+    else outbox_table.c[name]
+    for name in OutboxMessage._fields
+)
+"""What the relay's claims and the operator's reads select of a message: its columns, ``input``
+read so that a stored value that is not JSON is one row's problem (:class:`InputRead`)."""
 MESSAGE_FIELDS = tuple(column.name for column in _MESSAGE_COLUMNS)
 """The columns a claim returns first, in :class:`OutboxMessage` field order."""
 

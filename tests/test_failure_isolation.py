@@ -8,6 +8,7 @@ are held mid-pass by publishers that wait on events: no test sleeps to synchroni
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import subprocess
@@ -16,11 +17,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, select, update
+from sqlalchemy import Engine, event, literal_column, select, update
 from sqlalchemy.orm import Session
 from support import (
     REPO,
@@ -29,6 +30,7 @@ from support import (
     cli_env,
     expire_backoffs,
     recorded_ids,
+    run_cli,
     url_of,
     wait_until,
 )
@@ -160,6 +162,69 @@ def test_a_refusal_of_any_text_is_charged_to_its_row(
     assert attempts["bad"] == 2
     dead = rows(engine)["bad"]
     assert (dead.attempts, dead.last_error) == (2, recorded)
+
+
+class _BatchBroker:
+    """Publishes whole batches, recording each batch's jobs."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def publish(self, message: OutboxMessage) -> None:
+        raise AssertionError("the relay uses publish_batch")
+
+    def publish_batch(self, messages: Sequence[OutboxMessage]) -> None:
+        self.batches.append([message.job for message in messages])
+
+
+@pytest.mark.parametrize("form", ["publish", "publish_batch"])
+def test_a_stored_input_that_is_not_json_is_charged_to_its_row_on_sqlite(
+    sqlite_engine: Engine, make_relay: MakeRelay, form: str
+) -> None:
+    """SQLite keeps ``input`` as text that nothing checks, so a row written without
+    ``enqueue`` (by hand, by another program) can hold one that is not JSON. That row's
+    publish fails, with the reason and the fix in its ``last_error``, until it is a dead
+    letter; the publisher never gets it, the rows around it are published once, and ``status``
+    and ``dead list`` show it as the text it is. Decoding it used to fail every claim that met
+    it, so the relay published nothing more, and ``status`` and ``dead list`` failed too."""
+    _before, bad, _after = stage_each(
+        sqlite_engine, [("before", None), ("bad", None), ("after", None)]
+    )
+    table = Row.__table__
+    with sqlite_engine.begin() as conn:
+        conn.execute(
+            update(table).where(table.c.id == bad.id).values(input=literal_column("'{not json'"))
+        )
+    broker = _BatchBroker()
+    published: list[str] = []
+    publisher: Any = broker if form == "publish_batch" else (lambda m: published.append(m.job))
+    relay = make_relay(sqlite_engine, publisher, max_publish_attempts=2)
+
+    relay.drain()
+    expire_backoffs(sqlite_engine)
+    relay.drain()
+
+    if form == "publish_batch":
+        assert broker.batches == [["before"], ["after"]]
+    else:
+        assert published == ["before", "after"]
+    with sqlite_engine.connect() as conn:
+        charged = conn.execute(
+            select(table.c.attempts, table.c.dead_at, table.c.last_error).where(
+                table.c.id == bad.id
+            )
+        ).one()
+    assert charged.attempts == 2 and charged.dead_at is not None
+    assert charged.last_error.startswith(f"ValueError: message {bad.id}'s stored input is not JSON")
+    assert f"sqla-outbox dead retry {bad.id}" in charged.last_error
+    [letter] = outbox.dead_letters(sqlite_engine)
+    assert (letter.message.id, letter.message.input) == (bad.id, "{not json")
+    listed = run_cli("dead", "list", "--json", url=url_of(sqlite_engine))
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["input"] == "{not json"
+    status = run_cli("status", url=url_of(sqlite_engine))
+    assert "Traceback" not in status.stderr, status.stderr
+    assert str(bad.id) in status.stdout
 
 
 def test_a_failed_row_waits_out_its_backoff(engine: Engine, make_relay: MakeRelay) -> None:

@@ -114,10 +114,12 @@ def test_claim_limits_are_written_into_the_sql() -> None:
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
 @pytest.mark.parametrize("order", queries.ORDERS)
 def test_claim_returns_the_message_fields_then_attempts(dialect: str, order: str) -> None:
-    """A claimed row maps positionally onto OutboxMessage, then its failed attempts so far."""
+    """A claimed row maps positionally onto OutboxMessage, then its failed attempts so far
+    (``input`` read as :class:`~sqla_outbox.coltypes.InputRead`, under its own name)."""
     sql = compiled(queries.claim_stmt(dialect, order), dialect)
+    table = "outbox." if dialect == "postgresql" else ""
     returning = ", ".join(
-        f"outbox.{name}" if dialect == "postgresql" else name for name in queries.CLAIM_FIELDS
+        f"{table}{name}" + (" AS input" if name == "input" else "") for name in queries.CLAIM_FIELDS
     )
     assert f"RETURNING {returning}" in sql
 
