@@ -19,12 +19,14 @@ On MySQL and MariaDB (dialect names :data:`MYSQL_DIALECTS`):
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from typing import Any
 
-from sqlalchemy import BINARY, JSON, DateTime, Dialect, TypeDecorator, Uuid
+from sqlalchemy import BINARY, JSON, DateTime, Dialect, Text, TypeDecorator, Uuid, cast, type_coerce
 from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.operators import OperatorType
 from sqlalchemy.types import TypeEngine
 
@@ -33,10 +35,12 @@ __all__ = [
     "JSON_TYPE",
     "MYSQL_DIALECTS",
     "BinaryUUID",
-    "InputRead",
+    "InputText",
     "UTCDateTime",
     "UndecodableInput",
     "as_utc",
+    "read_input",
+    "undecodable",
 ]
 
 MYSQL_DIALECTS = ("mysql", "mariadb")
@@ -48,45 +52,54 @@ JSON_TYPE = JSON().with_variant(JSONB(), "postgresql")
 
 
 class UndecodableInput(str):
-    """A stored ``input`` that is not JSON: its text as stored, and ``reason``, why it is not.
+    """A stored ``input`` that is not JSON Python can read: its text as stored, and ``reason``,
+    why it could not be decoded.
 
-    Only SQLite can hold one (``JSON`` there is text that nothing checks; PostgreSQL's ``jsonb``
-    and MySQL's and MariaDB's ``JSON`` refuse it at ``INSERT``), and only in a row written
-    without :func:`~sqla_outbox.enqueue`: by hand, or by another program. The relay charges such
-    a row as a failed publish instead of publishing it (it becomes a dead letter like any
-    message that keeps failing), and :func:`~sqla_outbox.dead_letters` and ``status`` show it
-    as the text it is, instead of one row making every read of the outbox raise.
+    Only a row written without :func:`~sqla_outbox.enqueue` (by hand, by another program) can
+    hold one: text that is not JSON in SQLite's unchecked ``JSON``, or ``jsonb`` nested deeper
+    than Python's recursion limit lets ``json.loads`` go (``enqueue`` refuses both). The relay
+    charges such a row as a failed publish instead of publishing it (it becomes a dead letter
+    like any message that keeps failing), and :func:`~sqla_outbox.dead_letters` and ``status``
+    show it as the text it is, instead of one row making every read of the outbox raise.
     """
 
     reason: str
 
 
-class InputRead(TypeDecorator[Any]):
-    """How the relay and the operator's reads decode ``input``: as its column's own JSON type
-    does, except that a value that is not JSON comes back as :class:`UndecodableInput`.
+def undecodable(text: str, error: BaseException) -> UndecodableInput:
+    """``text``, which ``error`` kept from decoding, as an :class:`UndecodableInput`."""
+    stored = UndecodableInput(text)
+    stored.reason = f"{type(error).__name__}: {error}"
+    return stored
 
-    Used on the selected column only (``type_coerce``): the column, and its DDL, keep
-    :data:`JSON_TYPE`. Where the driver decodes JSON itself (psycopg's ``jsonb``), there is
-    nothing to decode here and nothing added.
-    """
 
-    impl = JSON
+class InputText(TypeDecorator[Any]):
+    """``input`` selected as its JSON text (:func:`read_input`) and decoded here: as the
+    dialect's JSON type would (its ``json_deserializer``, else ``json.loads``), except that a
+    value that does not decode comes back as :class:`UndecodableInput` instead of failing the
+    whole result."""
+
+    impl = Text
     cache_ok = True
 
     def result_processor(self, dialect: Dialect, coltype: object) -> Any:
-        decode = self.impl_instance.result_processor(dialect, coltype)
-        if decode is None:
-            return None
+        loads = getattr(dialect, "_json_deserializer", None) or json.loads
 
         def process(value: Any) -> Any:
+            if value is None:
+                return None
             try:
-                return decode(value)
+                return loads(value)
             except (ValueError, RecursionError) as error:
-                text = UndecodableInput(value if isinstance(value, str) else repr(value))
-                text.reason = f"{type(error).__name__}: {error}"
-                return text
+                return undecodable(value if isinstance(value, str) else repr(value), error)
 
         return process
+
+
+def read_input(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``column`` (an ``input``) read as text and decoded by :class:`InputText`, under its own
+    name; the column, and its DDL, keep :data:`JSON_TYPE`."""
+    return type_coerce(cast(column, Text), InputText()).label("input")
 
 
 class BinaryUUID(TypeDecorator[uuid.UUID]):

@@ -15,7 +15,10 @@ The relay's statements (not the staging INSERT) go one step further: :func:`exec
 with PostgreSQL's own ``$1`` placeholders through a psycopg ``RawCursor``. psycopg converts a
 ``%(name)s`` query to ``$1`` form on every execute and caches the conversion only for queries of
 up to 4,096 characters; the relay's claims are 4,500 to 9,300, and converting them cost 25-65 us
-a claim (1-2% of a 100-row pass). Converted once here, they are sent as they are.
+a claim (1-2% of a 100-row pass). Converted once here, they are sent as they are. That cursor
+also decodes the claim's ``jsonb`` ``input`` as the connection would, except that a value Python
+cannot decode (a hand-written row nested deeper than the recursion limit) is that row's
+:class:`~sqla_outbox.coltypes.UndecodableInput` instead of an error that failed every claim.
 
 Every other dialect and driver, and any connection with a ``schema_translate_map``, executes the
 Core statements as they are.
@@ -23,6 +26,7 @@ Core statements as they are.
 
 from __future__ import annotations
 
+import functools
 import re
 import weakref
 from collections.abc import Mapping
@@ -32,6 +36,8 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import ARRAY, Connection, CursorResult, Dialect, Uuid
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
+
+from sqla_outbox.coltypes import undecodable
 
 if TYPE_CHECKING:
     import psycopg
@@ -177,6 +183,40 @@ def send_arrays_binary(driver: psycopg.Connection[Any]) -> None:
         _binary_ready.add(driver)
 
 
+@functools.cache
+def _relay_cursor() -> type[psycopg.RawCursor[Any]]:
+    """The ``RawCursor`` the relay's statements run on: ``jsonb`` decoded by the connection's own
+    loader (a ``set_json_loads`` of the application's included), tolerating what it cannot."""
+    from psycopg import RawCursor  # noqa: PLC0415 - psycopg is this function's driver
+    from psycopg.pq import Format  # noqa: PLC0415
+
+    class RelayCursor(RawCursor[Any]):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            adapters = self.adapters
+            jsonb = adapters.types["jsonb"].oid
+            loader = adapters.get_loader(jsonb, Format.TEXT)
+            if loader is not None:
+                adapters.register_loader(jsonb, _tolerant(loader))
+
+    return RelayCursor
+
+
+@functools.cache
+def _tolerant(loader: type[Any]) -> type[Any]:
+    """``loader`` (a psycopg JSON loader class), returning what it cannot decode as
+    :class:`~sqla_outbox.coltypes.UndecodableInput`."""
+
+    class Tolerant(loader):  # type: ignore[misc]
+        def load(self, data: Any) -> Any:
+            try:
+                return super().load(data)
+            except (ValueError, RecursionError) as error:
+                return undecodable(bytes(data).decode("utf-8", "replace"), error)
+
+    return Tolerant
+
+
 def execute(
     connection: Connection, precompiled: Precompiled, params: Mapping[str, Any]
 ) -> CursorResult[Any]:
@@ -187,12 +227,10 @@ def execute(
     The connection's cursor factory is switched for this one statement only: a connection is
     used by one thread at a time, and everything else sent on it keeps ``%(name)s`` SQL.
     """
-    from psycopg import RawCursor  # noqa: PLC0415 - psycopg is this function's driver
-
     driver = cast("psycopg.Connection[Any]", connection.connection.driver_connection)
     send_arrays_binary(driver)
     factory = driver.cursor_factory
-    driver.cursor_factory = RawCursor
+    driver.cursor_factory = _relay_cursor()
     try:
         return connection.exec_driver_sql(
             precompiled.text(params, numbered=True), precompiled.values(params)

@@ -209,8 +209,9 @@ def refuse_undecodable(message: OutboxMessage) -> None:
 
 def _not_json(message: OutboxMessage, stored: UndecodableInput) -> ValueError:
     return ValueError(
-        f"message {message.id}'s stored input is not JSON ({stored.reason}); it was not "
-        "written by outbox.enqueue. Correct the row's input, then retry it "
+        f"message {message.id}'s stored input cannot be decoded ({stored.reason}): it was not "
+        "written by outbox.enqueue, which refuses such input. Correct the row's input, then "
+        "retry it "
         f"(sqla-outbox dead retry {message.id}, once it is a dead letter)."
     )
 

@@ -48,7 +48,6 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
-    type_coerce,
     union,
     union_all,
     update,
@@ -56,7 +55,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.elements import BindParameter, UnaryExpression
 
-from sqla_outbox.coltypes import MYSQL_DIALECTS, InputRead
+from sqla_outbox.coltypes import MYSQL_DIALECTS, read_input
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow, UTCDateTime
 
@@ -119,13 +118,15 @@ def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
 # ``:now`` (and the instants it derives from it).
 
 _MESSAGE_COLUMNS = tuple(
-    type_coerce(outbox_table.c.input, InputRead()).label("input")
-    if name == "input"
-    else outbox_table.c[name]
+    read_input(outbox_table.c.input) if name == "input" else outbox_table.c[name]
     for name in OutboxMessage._fields
 )
-"""What the relay's claims and the operator's reads select of a message: its columns, ``input``
-read so that a stored value that is not JSON is one row's problem (:class:`InputRead`)."""
+"""What claims and the operator's reads select of a message, in :class:`OutboxMessage` field
+order, ``input`` as text decoded row by row (:func:`~sqla_outbox.coltypes.read_input`): a
+stored value Python cannot decode is that row's problem, not every read's."""
+_JSONB_MESSAGE_COLUMNS = tuple(outbox_table.c[name] for name in OutboxMessage._fields)
+"""The same on PostgreSQL's claims, ``input`` as ``jsonb``: the relay's psycopg cursor decodes
+it, tolerating what Python cannot decode (:mod:`sqla_outbox.driver_sql`)."""
 MESSAGE_FIELDS = tuple(column.name for column in _MESSAGE_COLUMNS)
 """The columns a claim returns first, in :class:`OutboxMessage` field order."""
 
@@ -702,7 +703,10 @@ def _claim_update(dialect: str, claim: Select[Any]) -> Update:
         update(t)
         .where(claimed_ids)
         .values(claimed_by=bindparam("token"), claimed_at=_now(dialect))
-        .returning(*_MESSAGE_COLUMNS, t.c.attempts)
+        .returning(
+            *(_JSONB_MESSAGE_COLUMNS if dialect == "postgresql" else _MESSAGE_COLUMNS),
+            t.c.attempts,
+        )
     )
 
 

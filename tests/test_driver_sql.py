@@ -7,15 +7,19 @@ UUID arrays must arrive as UUIDs.
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 import pytest
 from psycopg import pq
 from psycopg.adapt import PyFormat
-from sqlalchemy import Engine, Uuid, bindparam, cast, func, select, text
+from sqlalchemy import Engine, Uuid, bindparam, cast, event, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
+import sqla_outbox as outbox
 from sqla_outbox import driver_sql
 
 
@@ -64,3 +68,24 @@ def test_uuid_arrays_travel_binary_and_arrive_intact(pg_engine: Engine) -> None:
         assert driver is not None
         dumper = driver.adapters.get_dumper(driver_sql._BinaryArray, PyFormat.AUTO)
         assert dumper.format == pq.Format.BINARY
+
+
+def test_the_relay_cursor_decodes_jsonb_with_the_connections_own_loads(pg_engine: Engine) -> None:
+    """The relay's cursor tolerates ``input`` Python cannot decode by wrapping the loader the
+    connection has, so a ``set_json_loads`` of the application's still decodes its claims."""
+    from psycopg.types.json import set_json_loads  # noqa: PLC0415 - this test's driver
+
+    @event.listens_for(pg_engine, "connect")
+    def _custom_loads(dbapi_connection: Any, _record: Any) -> None:
+        set_json_loads(
+            lambda data: {"decoded by": "the application", **json.loads(data)}, dbapi_connection
+        )
+
+    pg_engine.dispose()
+    with Session(pg_engine) as session:
+        outbox.enqueue(session, "send_receipt", {"order_id": 7})
+        session.commit()
+    inputs: list[Any] = []
+    with outbox.Relay(pg_engine, lambda message: inputs.append(message.input)) as relay:
+        relay.drain()
+    assert inputs == [{"decoded by": "the application", "order_id": 7}]

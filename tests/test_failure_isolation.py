@@ -177,52 +177,65 @@ class _BatchBroker:
         self.batches.append([message.job for message in messages])
 
 
+_UNDECODABLE = {
+    # SQLite's JSON is text nothing checks.
+    "sqlite": ("'{not json'", "{not json", "JSONDecodeError"),
+    # Valid jsonb, nested deeper than Python's recursion limit lets json.loads go.
+    "postgresql": (
+        "(repeat('[', 3000) || repeat(']', 3000))::jsonb",
+        "[" * 3000 + "]" * 3000,
+        "RecursionError",
+    ),
+}
+"""Per dialect: SQL for a stored ``input`` Python cannot decode, its text, and why not."""
+
+
 @pytest.mark.parametrize("form", ["publish", "publish_batch"])
-def test_a_stored_input_that_is_not_json_is_charged_to_its_row_on_sqlite(
-    sqlite_engine: Engine, make_relay: MakeRelay, form: str
+def test_a_stored_input_python_cannot_decode_is_charged_to_its_row(
+    engine: Engine, make_relay: MakeRelay, form: str
 ) -> None:
-    """SQLite keeps ``input`` as text that nothing checks, so a row written without
-    ``enqueue`` (by hand, by another program) can hold one that is not JSON. That row's
-    publish fails, with the reason and the fix in its ``last_error``, until it is a dead
-    letter; the publisher never gets it, the rows around it are published once, and ``status``
-    and ``dead list`` show it as the text it is. Decoding it used to fail every claim that met
-    it, so the relay published nothing more, and ``status`` and ``dead list`` failed too."""
-    _before, bad, _after = stage_each(
-        sqlite_engine, [("before", None), ("bad", None), ("after", None)]
-    )
+    """A row written without ``enqueue`` (by hand, by another program) can hold an ``input``
+    Python cannot decode: text that is not JSON in SQLite's unchecked JSON, ``jsonb`` nested
+    deeper than the recursion limit on PostgreSQL. That row's publish fails, with the reason
+    and the fix in its ``last_error``, until it is a dead letter; the publisher never gets it,
+    the rows around it are published once, and ``status`` and ``dead list`` show it as the
+    text it is. Decoding it used to fail every claim that met it (the relay published nothing
+    more), and ``status`` and ``dead list`` with it."""
+    stored, text, reason = _UNDECODABLE[engine.dialect.name]
+    _before, bad, _after = stage_each(engine, [("before", None), ("bad", None), ("after", None)])
     table = Row.__table__
-    with sqlite_engine.begin() as conn:
-        conn.execute(
-            update(table).where(table.c.id == bad.id).values(input=literal_column("'{not json'"))
-        )
+    with engine.begin() as conn:
+        conn.execute(update(table).where(table.c.id == bad.id).values(input=literal_column(stored)))
     broker = _BatchBroker()
     published: list[str] = []
     publisher: Any = broker if form == "publish_batch" else (lambda m: published.append(m.job))
-    relay = make_relay(sqlite_engine, publisher, max_publish_attempts=2)
+    relay = make_relay(engine, publisher, max_publish_attempts=2)
 
     relay.drain()
-    expire_backoffs(sqlite_engine)
+    expire_backoffs(engine)
     relay.drain()
 
     if form == "publish_batch":
         assert broker.batches == [["before"], ["after"]]
     else:
         assert published == ["before", "after"]
-    with sqlite_engine.connect() as conn:
+    with engine.connect() as conn:
         charged = conn.execute(
             select(table.c.attempts, table.c.dead_at, table.c.last_error).where(
                 table.c.id == bad.id
             )
         ).one()
     assert charged.attempts == 2 and charged.dead_at is not None
-    assert charged.last_error.startswith(f"ValueError: message {bad.id}'s stored input is not JSON")
+    assert charged.last_error.startswith(
+        f"ValueError: message {bad.id}'s stored input cannot be decoded ({reason}"
+    )
     assert f"sqla-outbox dead retry {bad.id}" in charged.last_error
-    [letter] = outbox.dead_letters(sqlite_engine)
-    assert (letter.message.id, letter.message.input) == (bad.id, "{not json")
-    listed = run_cli("dead", "list", "--json", url=url_of(sqlite_engine))
+    [letter] = outbox.dead_letters(engine)
+    assert (letter.message.id, letter.message.input) == (bad.id, text)
+    listed = run_cli("dead", "list", "--json", url=url_of(engine))
     assert listed.returncode == 0, listed.stderr
-    assert json.loads(listed.stdout)["input"] == "{not json"
-    status = run_cli("status", url=url_of(sqlite_engine))
+    assert json.loads(listed.stdout)["input"] == text
+    status = run_cli("status", url=url_of(engine))
     assert "Traceback" not in status.stderr, status.stderr
     assert str(bad.id) in status.stdout
 

@@ -115,12 +115,15 @@ def test_claim_limits_are_written_into_the_sql() -> None:
 @pytest.mark.parametrize("order", queries.ORDERS)
 def test_claim_returns_the_message_fields_then_attempts(dialect: str, order: str) -> None:
     """A claimed row maps positionally onto OutboxMessage, then its failed attempts so far
-    (``input`` read as :class:`~sqla_outbox.coltypes.InputRead`, under its own name)."""
+    (``input`` as text decoded row by row, except on PostgreSQL: see ``read_input``)."""
     sql = compiled(queries.claim_stmt(dialect, order), dialect)
-    table = "outbox." if dialect == "postgresql" else ""
-    returning = ", ".join(
-        f"{table}{name}" + (" AS input" if name == "input" else "") for name in queries.CLAIM_FIELDS
-    )
+    if dialect == "postgresql":
+        returning = ", ".join(f"outbox.{name}" for name in queries.CLAIM_FIELDS)
+    else:
+        returning = ", ".join(
+            "CAST(input AS TEXT) AS input" if name == "input" else name
+            for name in queries.CLAIM_FIELDS
+        )
     assert f"RETURNING {returning}" in sql
 
 
