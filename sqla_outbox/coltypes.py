@@ -23,10 +23,9 @@ import json
 import uuid
 from typing import Any
 
-from sqlalchemy import BINARY, JSON, DateTime, Dialect, Text, TypeDecorator, Uuid, cast, type_coerce
+from sqlalchemy import BINARY, JSON, DateTime, Dialect, Text, TypeDecorator, Uuid
 from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.operators import OperatorType
 from sqlalchemy.types import TypeEngine
 
@@ -39,7 +38,6 @@ __all__ = [
     "UTCDateTime",
     "UndecodableInput",
     "as_utc",
-    "read_input",
     "undecodable",
 ]
 
@@ -74,7 +72,8 @@ def undecodable(text: str, error: BaseException) -> UndecodableInput:
 
 
 class InputText(TypeDecorator[Any]):
-    """``input`` selected as its JSON text (:func:`read_input`) and decoded here: as the
+    """``input`` selected as its JSON text (``CAST(input AS TEXT)``, see
+    ``sqla_outbox.queries``) and decoded here: as the
     dialect's JSON type would (its ``json_deserializer``, else ``json.loads``), except that a
     value that does not decode comes back as :class:`UndecodableInput` instead of failing the
     whole result."""
@@ -94,12 +93,6 @@ class InputText(TypeDecorator[Any]):
                 return undecodable(value if isinstance(value, str) else repr(value), error)
 
         return process
-
-
-def read_input(column: ColumnElement[Any]) -> ColumnElement[Any]:
-    """``column`` (an ``input``) read as text and decoded by :class:`InputText`, under its own
-    name; the column, and its DDL, keep :data:`JSON_TYPE`."""
-    return type_coerce(cast(column, Text), InputText()).label("input")
 
 
 class BinaryUUID(TypeDecorator[uuid.UUID]):

@@ -15,10 +15,10 @@ The relay's statements (not the staging INSERT) go one step further: :func:`exec
 with PostgreSQL's own ``$1`` placeholders through a psycopg ``RawCursor``. psycopg converts a
 ``%(name)s`` query to ``$1`` form on every execute and caches the conversion only for queries of
 up to 4,096 characters; the relay's claims are 4,500 to 9,300, and converting them cost 25-65 us
-a claim (1-2% of a 100-row pass). Converted once here, they are sent as they are. That cursor
-also decodes the claim's ``jsonb`` ``input`` as the connection would, except that a value Python
-cannot decode (a hand-written row nested deeper than the recursion limit) is that row's
-:class:`~sqla_outbox.coltypes.UndecodableInput` instead of an error that failed every claim.
+a claim (1-2% of a 100-row pass). Converted once here, they are sent as they are. With
+``tolerant``, the cursor also decodes ``jsonb`` as the connection would, except that a value
+Python cannot decode (a hand-written row nested deeper than the recursion limit) is that row's
+:class:`~sqla_outbox.coltypes.UndecodableInput` instead of an error (see ``stores.psycopg``).
 
 Every other dialect and driver, and any connection with a ``schema_translate_map``, executes the
 Core statements as they are.
@@ -184,9 +184,9 @@ def send_arrays_binary(driver: psycopg.Connection[Any]) -> None:
 
 
 @functools.cache
-def _relay_cursor() -> type[psycopg.RawCursor[Any]]:
-    """The ``RawCursor`` the relay's statements run on: ``jsonb`` decoded by the connection's own
-    loader (a ``set_json_loads`` of the application's included), tolerating what it cannot."""
+def _tolerant_cursor() -> type[psycopg.RawCursor[Any]]:
+    """A ``RawCursor`` whose ``jsonb`` is decoded by the connection's own loader (a
+    ``set_json_loads`` of the application's included), tolerating what it cannot."""
     from psycopg import RawCursor  # noqa: PLC0415 - psycopg is this function's driver
     from psycopg.pq import Format  # noqa: PLC0415
 
@@ -218,7 +218,11 @@ def _tolerant(loader: type[Any]) -> type[Any]:
 
 
 def execute(
-    connection: Connection, precompiled: Precompiled, params: Mapping[str, Any]
+    connection: Connection,
+    precompiled: Precompiled,
+    params: Mapping[str, Any],
+    *,
+    tolerant: bool = False,
 ) -> CursorResult[Any]:
     """Run ``precompiled`` with ``params`` on ``connection`` as numbered SQL through a psycopg
     ``RawCursor`` (see the module docs), still by ``Connection.exec_driver_sql``: SQLAlchemy's
@@ -226,11 +230,15 @@ def execute(
 
     The connection's cursor factory is switched for this one statement only: a connection is
     used by one thread at a time, and everything else sent on it keeps ``%(name)s`` SQL.
+    ``tolerant`` (see the module docs) costs about 20 us a statement and 0.3 us a ``jsonb``
+    value, so it is for the claims of a relay that met an undecodable one.
     """
+    from psycopg import RawCursor  # noqa: PLC0415 - psycopg is this function's driver
+
     driver = cast("psycopg.Connection[Any]", connection.connection.driver_connection)
     send_arrays_binary(driver)
     factory = driver.cursor_factory
-    driver.cursor_factory = _relay_cursor()
+    driver.cursor_factory = _tolerant_cursor() if tolerant else RawCursor
     try:
         return connection.exec_driver_sql(
             precompiled.text(params, numbered=True), precompiled.values(params)

@@ -17,7 +17,7 @@ The claim arrives in claim order and already respects every promise across claim
   ``asyncio.CancelledError`` escaping a client) is a failed publish of that message.
 * A publish that returns an awaitable has sent nothing (the relay never awaits): a failed
   publish of that message too (:func:`refuse_awaitable`).
-* A message whose stored ``input`` is not JSON (SQLite, a row written by hand:
+* A message whose stored ``input`` Python cannot decode (a row written by hand:
   :class:`~sqla_outbox.coltypes.UndecodableInput`) is never given to the publisher: a failed
   publish of that message (:func:`refuse_undecodable`), charged and in time dead-lettered like
   any other, while the rest of the claim is published.
@@ -198,16 +198,17 @@ def refuse_awaitable(sent: object) -> None:
 
 
 def refuse_undecodable(message: OutboxMessage) -> None:
-    """Raise ``ValueError`` if ``message``'s stored ``input`` is not JSON, saying how to mend it.
+    """Raise ``ValueError`` if ``message``'s stored ``input`` could not be decoded, saying how to
+    mend it.
 
     Publishing it would hand the broker text the job's consumer cannot read; refusing it makes
     it one row's failure, with the reason in its ``last_error``, instead of either.
     """
     if type(message.input) is UndecodableInput:
-        raise _not_json(message, message.input)
+        raise _undecodable_error(message, message.input)
 
 
-def _not_json(message: OutboxMessage, stored: UndecodableInput) -> ValueError:
+def _undecodable_error(message: OutboxMessage, stored: UndecodableInput) -> ValueError:
     return ValueError(
         f"message {message.id}'s stored input cannot be decoded ({stored.reason}): it was not "
         "written by outbox.enqueue, which refuses such input. Correct the row's input, then "
@@ -219,14 +220,15 @@ def _not_json(message: OutboxMessage, stored: UndecodableInput) -> ValueError:
 def _send_decodable(
     publish_batch: Callable[[Sequence[OutboxMessage]], object], batch: Sequence[OutboxMessage]
 ) -> None:
-    """``publish_batch(batch)``, except that a message whose ``input`` is not JSON is not sent:
+    """``publish_batch(batch)``, except that a message whose ``input`` could not be decoded is
+    not sent:
     what comes before it is, and then its refusal is raised as a partial confirmation of them
     (``published``), which blames it like a broker's refusal of that message would."""
     for index, message in enumerate(batch):
         if type(message.input) is UndecodableInput:
             if index:
                 refuse_awaitable(publish_batch(batch[:index]))
-            error = _not_json(message, message.input)
+            error = _undecodable_error(message, message.input)
             error.published = index  # type: ignore[attr-defined]
             raise error
     refuse_awaitable(publish_batch(batch))

@@ -48,6 +48,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    type_coerce,
     union,
     union_all,
     update,
@@ -55,7 +56,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.elements import BindParameter, UnaryExpression
 
-from sqla_outbox.coltypes import MYSQL_DIALECTS, read_input
+from sqla_outbox.coltypes import MYSQL_DIALECTS, InputText
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow, UTCDateTime
 
@@ -88,6 +89,7 @@ __all__ = [
     "stamp_stmt",
     "status_stmt",
     "sweep_parked_stmt",
+    "unclaim_stmt",
     "unpark_behind_stmt",
 ]
 
@@ -118,12 +120,15 @@ def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
 # ``:now`` (and the instants it derives from it).
 
 _MESSAGE_COLUMNS = tuple(
-    read_input(outbox_table.c.input) if name == "input" else outbox_table.c[name]
+    type_coerce(cast(outbox_table.c.input, Text), InputText()).label("input")
+    if name == "input"
+    else outbox_table.c[name]
     for name in OutboxMessage._fields
 )
 """What claims and the operator's reads select of a message, in :class:`OutboxMessage` field
-order, ``input`` as text decoded row by row (:func:`~sqla_outbox.coltypes.read_input`): a
-stored value Python cannot decode is that row's problem, not every read's."""
+order, ``input`` as its text decoded row by row (:class:`~sqla_outbox.coltypes.InputText`): a
+stored value Python cannot decode is that row's problem, not every read's. (The column, and
+its DDL, keep their JSON type.)"""
 _JSONB_MESSAGE_COLUMNS = tuple(outbox_table.c[name] for name in OutboxMessage._fields)
 """The same on PostgreSQL's claims, ``input`` as ``jsonb``: the relay's psycopg cursor decodes
 it, tolerating what Python cannot decode (:mod:`sqla_outbox.driver_sql`)."""
@@ -1070,6 +1075,14 @@ def release_stmt(dialect: str) -> Update:
         .where(_fenced(), _ids(dialect))
         .values(claimed_by=null(), claimed_at=null(), parked=bindparam("park", type_=Boolean()))
     )
+
+
+def unclaim_stmt() -> Update:
+    """Hand back every row still claimed by ``:token``, when the claim's rows never reached the
+    relay (their ``input`` could not be decoded, see ``stores.psycopg``), so a second claim can
+    take them at once instead of after the lease. A rare path: nothing indexes ``claimed_by``,
+    so it reads the unpublished rows."""
+    return update(outbox_table).where(_fenced()).values(claimed_by=null(), claimed_at=null())
 
 
 def _retry_at(dialect: str) -> ColumnElement[dt.datetime]:

@@ -70,9 +70,11 @@ def test_uuid_arrays_travel_binary_and_arrive_intact(pg_engine: Engine) -> None:
         assert dumper.format == pq.Format.BINARY
 
 
-def test_the_relay_cursor_decodes_jsonb_with_the_connections_own_loads(pg_engine: Engine) -> None:
-    """The relay's cursor tolerates ``input`` Python cannot decode by wrapping the loader the
-    connection has, so a ``set_json_loads`` of the application's still decodes its claims."""
+def test_a_tolerant_claim_decodes_jsonb_with_the_connections_own_loads(pg_engine: Engine) -> None:
+    """Once a claim met ``jsonb`` Python cannot decode (nested past the recursion limit), the
+    relay's claims decode tolerantly by wrapping the loader the connection has: a
+    ``set_json_loads`` of the application's still decodes every other row, and the deep one
+    is charged instead of failing the claim."""
     from psycopg.types.json import set_json_loads  # noqa: PLC0415 - this test's driver
 
     @event.listens_for(pg_engine, "connect")
@@ -82,10 +84,17 @@ def test_the_relay_cursor_decodes_jsonb_with_the_connections_own_loads(pg_engine
         )
 
     pg_engine.dispose()
-    with Session(pg_engine) as session:
-        outbox.enqueue(session, "send_receipt", {"order_id": 7})
-        session.commit()
+    for order_id in (1, 2):
+        with Session(pg_engine) as session:
+            outbox.enqueue(session, "send_receipt", {"order_id": order_id})
+            session.commit()
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE outbox SET input = (repeat('[', 3000) || repeat(']', 3000))::jsonb "
+            "WHERE input->>'order_id' = '1'"
+        )
     inputs: list[Any] = []
     with outbox.Relay(pg_engine, lambda message: inputs.append(message.input)) as relay:
-        relay.drain()
-    assert inputs == [{"decoded by": "the application", "order_id": 7}]
+        result = relay.drain()
+    assert inputs == [{"decoded by": "the application", "order_id": 2}]
+    assert (result.published, result.failed) == (1, True)

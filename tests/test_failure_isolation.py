@@ -240,6 +240,58 @@ def test_a_stored_input_python_cannot_decode_is_charged_to_its_row(
     assert str(bad.id) in status.stdout
 
 
+def test_two_relays_meeting_an_undecodable_input_publish_every_other_message_once(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Two relays looping over 300 messages, three of whose ``jsonb`` inputs are nested past
+    Python's recursion limit: each relay's first claim that meets one hands its rows back and
+    claims again, decoding tolerantly. Every other message is published exactly once, in each
+    transaction's order; the three are charged until they are dead letters, never published."""
+    staged = stage_each(pg_engine, ((f"m{n}", None) for n in range(300)), per_transaction=3)
+    deep = {staged[n].id for n in (10, 150, 299)}
+    table = Row.__table__
+    with pg_engine.begin() as conn:
+        conn.execute(
+            update(table)
+            .where(table.c.id.in_(deep))
+            .values(input=literal_column(_UNDECODABLE["postgresql"][0]))
+        )
+    seen: list[uuid.UUID] = []
+    lock = threading.Lock()
+
+    def publish(message: OutboxMessage) -> None:
+        with lock:
+            seen.append(message.id)
+
+    relays = [
+        make_relay(
+            pg_engine,
+            publish,
+            batch_size=20,
+            poll_interval=0.01,
+            retry_base=0.01,
+            retry_max=0.01,
+            max_publish_attempts=2,
+        )
+        for _ in range(2)
+    ]
+    for relay in relays:
+        relay.start()
+    wait_until(lambda: len(outbox.dead_letters(pg_engine)) == 3, "three dead letters")
+    wait_until(lambda: len(set(seen)) >= 294, "every message not dead nor held back")
+    for relay in relays:
+        relay.stop()
+    # A dead letter holds back the later messages of its transaction: m11 behind m10, m151
+    # and m152 behind m150; m299 is its transaction's last.
+    held = {staged[n].id for n in (11, 151, 152)}
+    assert Counter(seen) == Counter(m.id for m in staged if m.id not in deep | held)
+    order = {message.id: n for n, message in enumerate(staged)}
+    for start in range(0, 300, 3):
+        group = [i for i in seen if start <= order[i] < start + 3]
+        assert group == sorted(group, key=order.__getitem__)
+    assert {letter.message.id for letter in outbox.dead_letters(pg_engine)} == deep
+
+
 def test_a_failed_row_waits_out_its_backoff(engine: Engine, make_relay: MakeRelay) -> None:
     """A failed row is not retried before its backoff has passed, however often the relay
     claims; once it has, it is retried, and its attempts and error are on the row meanwhile."""

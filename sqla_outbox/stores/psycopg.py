@@ -10,6 +10,10 @@ Everything driver-specific the library does lives here:
 * The staging INSERT of an enqueuing transaction is compiled once and sent as driver SQL too
   (:func:`insert_staged`); it is short enough for psycopg's own cache of converted queries.
 * An idle relay LISTENs for the commit trigger's notifications (:mod:`sqla_outbox.listener`).
+* A claim whose ``jsonb`` Python cannot decode (a row written by hand, nested deeper than the
+  recursion limit) is handed back at once and claimed again by a cursor that makes that value
+  the row's :class:`~sqla_outbox.coltypes.UndecodableInput` (the relay then charges the row):
+  from then on this store claims that way, at about 1% of a drain, instead of on every claim.
 
 None of it applies under a ``schema_translate_map`` (a string compiled in advance would name the
 untranslated table): :func:`applies` says when it does.
@@ -17,19 +21,24 @@ untranslated table): :func:`applies` says when it does.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult, Dialect, Engine, Executable
 
-from sqla_outbox import driver_sql
+from sqla_outbox import driver_sql, queries
+from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.listener import NotificationListener
+from sqla_outbox.logs import error_line, log_event
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.queries import stage_stmt
 from sqla_outbox.stores.postgresql import PostgresStore
 
 __all__ = ["PsycopgStore", "applies", "insert_staged"]
+
+log = logging.getLogger("sqla_outbox.relay")
 
 applies = driver_sql.applies
 
@@ -39,6 +48,9 @@ class PsycopgStore(PostgresStore):
 
     def __init__(self, engine: Engine, **settings: Any) -> None:
         super().__init__(engine, **settings)
+        self._tolerant = False
+        """Claims decode ``jsonb`` tolerantly (see the module docs): since one could not."""
+        self._unclaim = queries.unclaim_stmt()
         statements = (*self._claims.values(), self._mark, self._renew, self._sweep, self._settle)
         self._precompiled = {
             id(statement): driver_sql.precompile(statement, engine.dialect)
@@ -53,14 +65,44 @@ class PsycopgStore(PostgresStore):
         # psycopg's own tuples, read from the cursor: no SQLAlchemy Row per claimed row.
         try:
             return result.cursor.fetchall()
+        except (RecursionError, ValueError) as error:  # a loader: only jsonb can raise these
+            raise _UndecodableError from error
         finally:
             result.close()
+
+    def _claim_with(
+        self, token: str, carried: WriteBack | None, params: dict[str, Any], *, fast: bool
+    ) -> Claimed:
+        try:
+            return super()._claim_with(token, carried, params, fast=fast)
+        except _UndecodableError as undecodable:
+            if self._tolerant:
+                raise
+            error = undecodable.__cause__
+        # The statement stands (claim, parking, the write-back it carried): hand its rows back
+        # and take them again, each undecodable value now its row's failure.
+        self._tolerant = True
+        log_event(
+            log,
+            logging.WARNING,
+            "relay.undecodable_input",
+            relay=self._relay_id,
+            claim=token,
+            error=error_line(error) if error is not None else "",
+        )
+        with self._transaction(statements=1) as conn:
+            self._execute(conn, self._unclaim, {"token": token})
+        return super()._claim_with(token, None, params, fast=fast)
 
     def _execute(self, conn: Connection, statement: Executable, params: Any) -> CursorResult[Any]:
         precompiled = self._precompiled.get(id(statement))
         if precompiled is None:
             return conn.execute(statement, params)
-        return driver_sql.execute(conn, precompiled, params)
+        return driver_sql.execute(conn, precompiled, params, tolerant=self._tolerant)
+
+
+class _UndecodableError(Exception):
+    """A claimed row's ``jsonb`` could not be decoded by the connection's loader (the cause)."""
 
 
 _stage_sql: weakref.WeakKeyDictionary[Dialect, driver_sql.Precompiled]

@@ -115,7 +115,8 @@ def test_claim_limits_are_written_into_the_sql() -> None:
 @pytest.mark.parametrize("order", queries.ORDERS)
 def test_claim_returns_the_message_fields_then_attempts(dialect: str, order: str) -> None:
     """A claimed row maps positionally onto OutboxMessage, then its failed attempts so far
-    (``input`` as text decoded row by row, except on PostgreSQL: see ``read_input``)."""
+    (``input`` as text decoded row by row, except in PostgreSQL claims: see
+    ``queries._MESSAGE_COLUMNS``)."""
     sql = compiled(queries.claim_stmt(dialect, order), dialect)
     if dialect == "postgresql":
         returning = ", ".join(f"outbox.{name}" for name in queries.CLAIM_FIELDS)
