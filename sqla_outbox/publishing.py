@@ -19,7 +19,7 @@ The claim arrives in claim order and already respects every promise across claim
   publish of that message too (:func:`refuse_awaitable`).
 * A message whose stored ``input`` Python cannot decode (a row written by hand:
   :class:`~sqla_outbox.coltypes.UndecodableInput`) is never given to the publisher: a failed
-  publish of that message (:func:`refuse_undecodable`), charged and in time dead-lettered like
+  publish of that message (:func:`undecodable_error`), charged and in time dead-lettered like
   any other, while the rest of the claim is published.
 
 A batch publisher (``publish_batch``) gets the whole claim; a partial confirmation
@@ -46,7 +46,7 @@ __all__ = [
     "is_outage",
     "publish_claim",
     "refuse_awaitable",
-    "refuse_undecodable",
+    "undecodable_error",
 ]
 
 ENDS_PROCESS = (KeyboardInterrupt, SystemExit)
@@ -157,7 +157,8 @@ def publish_claim(
             outcome.held_back.append(message)
             continue
         try:
-            refuse_undecodable(message)
+            if type(message.input) is UndecodableInput:  # a check, not a call: once a message
+                raise undecodable_error(message)
             refuse_awaitable(publish(message))
         except BaseException as error:  # all of them: see the module documentation
             if isinstance(error, ENDS_PROCESS) or is_outage(error):
@@ -197,20 +198,16 @@ def refuse_awaitable(sent: object) -> None:
     )
 
 
-def refuse_undecodable(message: OutboxMessage) -> None:
-    """Raise ``ValueError`` if ``message``'s stored ``input`` could not be decoded, saying how to
-    mend it.
+def undecodable_error(message: OutboxMessage) -> ValueError:
+    """The refusal of ``message``, whose stored ``input`` could not be decoded (an
+    :class:`~sqla_outbox.coltypes.UndecodableInput`), saying how to mend it.
 
     Publishing it would hand the broker text the job's consumer cannot read; refusing it makes
-    it one row's failure, with the reason in its ``last_error``, instead of either.
+    it one row's failure, with the reason in its ``last_error``.
     """
-    if type(message.input) is UndecodableInput:
-        raise _undecodable_error(message, message.input)
-
-
-def _undecodable_error(message: OutboxMessage, stored: UndecodableInput) -> ValueError:
+    reason = getattr(message.input, "reason", "")
     return ValueError(
-        f"message {message.id}'s stored input cannot be decoded ({stored.reason}): it was not "
+        f"message {message.id}'s stored input cannot be decoded ({reason}): it was not "
         "written by outbox.enqueue, which refuses such input. Correct the row's input, then "
         "retry it "
         f"(sqla-outbox dead retry {message.id}, once it is a dead letter)."
@@ -221,14 +218,13 @@ def _send_decodable(
     publish_batch: Callable[[Sequence[OutboxMessage]], object], batch: Sequence[OutboxMessage]
 ) -> None:
     """``publish_batch(batch)``, except that a message whose ``input`` could not be decoded is
-    not sent:
-    what comes before it is, and then its refusal is raised as a partial confirmation of them
-    (``published``), which blames it like a broker's refusal of that message would."""
+    not sent: what comes before it is, and then its refusal is raised as a partial confirmation
+    of them (``published``), which blames it like a broker's refusal of that message would."""
     for index, message in enumerate(batch):
         if type(message.input) is UndecodableInput:
             if index:
                 refuse_awaitable(publish_batch(batch[:index]))
-            error = _undecodable_error(message, message.input)
+            error = undecodable_error(message)
             error.published = index  # type: ignore[attr-defined]
             raise error
     refuse_awaitable(publish_batch(batch))

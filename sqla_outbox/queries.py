@@ -119,19 +119,20 @@ def stage_rows(messages: list[OutboxMessage]) -> list[dict[str, Any]]:
 # own drifts; SQLite has no server and a single host, so the relay passes its own UTC time as
 # ``:now`` (and the instants it derives from it).
 
-_MESSAGE_COLUMNS = tuple(
-    type_coerce(cast(outbox_table.c.input, Text), InputText()).label("input")
-    if name == "input"
-    else outbox_table.c[name]
-    for name in OutboxMessage._fields
-)
-"""What claims and the operator's reads select of a message, in :class:`OutboxMessage` field
-order, ``input`` as its text decoded row by row (:class:`~sqla_outbox.coltypes.InputText`): a
-stored value Python cannot decode is that row's problem, not every read's. (The column, and
-its DDL, keep their JSON type.)"""
 _JSONB_MESSAGE_COLUMNS = tuple(outbox_table.c[name] for name in OutboxMessage._fields)
-"""The same on PostgreSQL's claims, ``input`` as ``jsonb``: the relay's psycopg cursor decodes
-it, tolerating what Python cannot decode (:mod:`sqla_outbox.driver_sql`)."""
+"""A message's columns in :class:`OutboxMessage` field order, as PostgreSQL's claims select
+them: ``input`` as ``jsonb``, which the relay's psycopg store decodes (see ``stores.psycopg``
+for a value Python cannot decode)."""
+_MESSAGE_COLUMNS = tuple(
+    type_coerce(cast(column, Text), InputText()).label("input")
+    if column.name == "input"
+    else column
+    for column in _JSONB_MESSAGE_COLUMNS
+)
+"""The same as every other claim and the operator's reads select them: ``input`` as its text,
+decoded row by row (:class:`~sqla_outbox.coltypes.InputText`), so that a stored value Python
+cannot decode is that row's problem, not every read's. (The column, and its DDL, keep their
+JSON type.)"""
 MESSAGE_FIELDS = tuple(column.name for column in _MESSAGE_COLUMNS)
 """The columns a claim returns first, in :class:`OutboxMessage` field order."""
 

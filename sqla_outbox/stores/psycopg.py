@@ -78,7 +78,7 @@ class PsycopgStore(PostgresStore):
         except _UndecodableError as undecodable:
             if self._tolerant:
                 raise
-            error = undecodable.__cause__
+            cause = undecodable.__cause__ or undecodable
         # The statement stands (claim, parking, the write-back it carried): hand its rows back
         # and take them again, each undecodable value now its row's failure.
         self._tolerant = True
@@ -88,7 +88,7 @@ class PsycopgStore(PostgresStore):
             "relay.undecodable_input",
             relay=self._relay_id,
             claim=token,
-            error=error_line(error) if error is not None else "",
+            error=error_line(cause),
         )
         with self._transaction(statements=1) as conn:
             self._execute(conn, self._unclaim, {"token": token})
