@@ -34,19 +34,22 @@ released first: migrations written before versions existed keep creating the tab
 When a new sqla-outbox needs a newer table, it ships the step, and you add a migration::
 
     def upgrade():
-        op.upgrade_outbox_table(2, 3)
+        op.upgrade_outbox_table(3, 4)
 
     def downgrade():
-        op.upgrade_outbox_table(3, 2)
+        op.upgrade_outbox_table(4, 3)
 
 Up, it adds the new version's columns (nullable, or with a default that fills existing rows),
-creates its indexes and records the version in the table comment; down, it drops them again. A
-move over several versions (``op.upgrade_outbox_table(1, 3)``) makes each step in turn. Every
-row is kept either way (going down loses only what the dropped columns held). Until the
-migration has run, a relay refuses to start with :class:`sqla_outbox.SchemaVersionError` naming
-``op.upgrade_outbox_table``, and so do ``status``, ``purge`` and the dead-letter operations;
-``enqueue`` fails at commit with the same error when it writes a column the table lacks (version
-3 adds only an index, so a version-2 table still takes new messages until the migration runs).
+creates its indexes and records the version in the table comment; down, it first makes the rows
+mean the same to the older version where the step needs that (down from version 4, the rows
+parked until they are due are unparked), then drops them again. A move over several versions
+(``op.upgrade_outbox_table(1, 4)``) makes each step in turn. Every row is kept either way (going
+down loses only what the dropped columns held). Until the migration has run, a relay refuses to
+start with :class:`sqla_outbox.SchemaVersionError` naming ``op.upgrade_outbox_table``, and so do
+``status`` and the dead-letter operations (``purge`` runs on version 3 on); ``enqueue`` fails at commit with the same
+error when it writes a column the table lacks (version 3 adds only an index and version 4 a
+column only relays write, so a version-2 or version-3 table still takes new messages until the
+migration runs).
 
 Autogenerate
 ------------
@@ -56,19 +59,20 @@ Autogenerate
     ...
     def upgrade():
         op.create_table('orders', ...)          # your tables, as usual
-        op.create_outbox_table(version=3)
+        op.create_outbox_table(version=4)
 
     def downgrade():
-        op.drop_outbox_table(version=3)
+        op.drop_outbox_table(version=4)
         op.drop_table('orders')
 
 instead of the outbox's columns and partial indexes spelled out. On a database whose outbox is
-an older version it writes ``op.upgrade_outbox_table(2, 3)`` (or ``(1, 3)`` from version 1; and
-the reverse, ``op.upgrade_outbox_table(3, 2)``, in ``downgrade()``) instead of Alembic's
-``add_column``/``create_index`` for the new columns and indexes. Once the table is current,
-autogenerate (and ``alembic check``) report nothing for it, with ``compare_type`` and
-``compare_server_default`` on. If you stop including ``outbox.metadata``, autogenerate writes
-``op.drop_outbox_table(version=N)``, whose downgrade recreates that version.
+an older version it writes ``op.upgrade_outbox_table(3, 4)`` (or ``(1, 4)`` from version 1,
+``(2, 4)`` from version 2; and the reverse, ``op.upgrade_outbox_table(4, 3)``, in
+``downgrade()``) instead of Alembic's ``add_column``/``create_index`` for the new columns and
+indexes. Once the table is current, autogenerate (and ``alembic check``) report nothing for it,
+with ``compare_type`` and ``compare_server_default`` on. If you stop including
+``outbox.metadata``, autogenerate writes ``op.drop_outbox_table(version=N)``, whose downgrade
+recreates that version.
 
 Writing migrations by hand
 --------------------------
@@ -81,7 +85,7 @@ keep the outbox in its own schema, create the schema first and pass it along (to
 operation), and put the table in that schema in your target metadata so autogenerate agrees::
 
     op.execute("CREATE SCHEMA IF NOT EXISTS jobs")
-    op.create_outbox_table(version=3, schema="jobs")
+    op.create_outbox_table(version=4, schema="jobs")
 
     # env.py
     outbox_md = MetaData()

@@ -10,8 +10,9 @@
   between versions, one step at a time, keeping every row: up, each step's columns are added
   (nullable, or with a server default that fills existing rows), its indexes created and the
   table comment set to the new version; down (``to_version < from_version``, what the reverse
-  of an upgrade is), each step's indexes are dropped, then its columns (their values with them),
-  and the comment restored.
+  of an upgrade is), each step's rows are first made to mean the same to the older version where
+  it needs that (version 4 unparks the rows it parked until due), its indexes are dropped, then
+  its columns (their values with them), and the comment restored.
 
 Every operation goes through ``operations.impl`` or Alembic's own column operations rather than
 a live connection, so it works in online migrations, in offline ``alembic upgrade --sql`` mode,
@@ -25,7 +26,10 @@ it reads the whole table, and an outbox that was never purged is large. An upgra
 indexes ``IF NOT EXISTS``, so an index built beforehand without that lock is kept: for version 3,
 run ``CREATE INDEX CONCURRENTLY ix_outbox_published ON outbox (published_at) WHERE published_at
 IS NOT NULL`` outside a transaction first (and check that it finished: psql lists an index a
-failed build left behind as ``INVALID``), then the migration only records the version. On MySQL
+failed build left behind as ``INVALID``), then the migration only records the version. Version
+4's index is on the column the same step adds, so it cannot be built beforehand: it holds no
+row yet (``WHERE wake_at IS NOT NULL``), but building it still reads the table under that lock,
+so purge published rows first (:func:`sqla_outbox.purge`) to keep the upgrade short. On MySQL
 and MariaDB, InnoDB builds an index in place while writes go on, so there is no such step; the
 upgrade writes ``IF NOT EXISTS`` there for MariaDB only (MySQL 8 has no such clause, so on
 MySQL an index built beforehand under the same name makes the migration fail: drop it first).
@@ -280,7 +284,9 @@ def upgrade_outbox_table(operations: Operations, operation: UpgradeOutboxTableOp
 
     Up: add the step's columns (Alembic's ``add_column``, so defaults and types render as in
     any migration), create its indexes (``IF NOT EXISTS``: see the module docs), set the comment.
-    Down: drop its indexes first (SQLite refuses to drop an indexed column), then its columns,
+    Down: make the rows mean the same to the older version where the step says how
+    (:attr:`~sqla_outbox.versions.Step.before_removal`: version 4 unparks the rows it parked
+    until due), drop its indexes (SQLite refuses to drop an indexed column), then its columns,
     then restore the older comment.
     """
     schema = operation.schema
@@ -295,6 +301,8 @@ def upgrade_outbox_table(operations: Operations, operation: UpgradeOutboxTableOp
         else:
             table = outbox_table(schema, version=old)
             step = STEPS[old]
+            if step.before_removal is not None:
+                operations.execute(step.before_removal(table))
             for name in sorted(step.index_names()):
                 operations.impl.drop_index(_index(table, name))
             for name in reversed(step.column_names()):

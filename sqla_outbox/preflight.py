@@ -285,9 +285,16 @@ def table_access_stmt(name: str, schema: str | None, privileges: Sequence[str]) 
     )
 
 
-def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by: str) -> None:
+def check_outbox_table(
+    conn: Connection,
+    privileges: Sequence[str],
+    *,
+    needed_by: str,
+    minimum: int = SCHEMA_VERSION,
+) -> None:
     """Raise unless the outbox table exists and, on PostgreSQL, the role holds ``privileges``,
-    and the table is at least the schema version this release needs.
+    and the table is at least schema version ``minimum`` (by default the one this release
+    needs; an operation that reads no later version's columns may ask for less).
 
     :class:`MissingTableError` names the migration to run; :class:`MissingPrivilegeError` names
     the role, what it lacks, and the ``GRANT`` (``needed_by`` says who needs it, e.g. ``"the
@@ -301,7 +308,7 @@ def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by
         if not sa.inspect(conn).has_table(table.name, schema=schema):
             raise missing_table_error(conn)
         name = table.name if schema is None else f"{schema}.{table.name}"
-        _check_version(conn, name, schema)
+        _check_version(conn, name, schema, minimum)
         return
     row = conn.execute(table_access_stmt(table.name, schema, privileges)).first()
     if row is None:
@@ -309,7 +316,7 @@ def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by
     namespace, role, schema_usage, *held = row
     lacking = [privilege for privilege, ok in zip(privileges, held, strict=True) if not ok]
     if schema_usage and not lacking:
-        _check_version(conn, f"{namespace}.{table.name}", namespace)
+        _check_version(conn, f"{namespace}.{table.name}", namespace, minimum)
         return
     preparer = conn.dialect.identifier_preparer
     table_sql = f"{preparer.quote_schema(namespace)}.{preparer.quote(table.name)}"
@@ -328,14 +335,15 @@ def check_outbox_table(conn: Connection, privileges: Sequence[str], *, needed_by
     )
 
 
-def _check_version(conn: Connection, name: str, schema: str | None) -> None:
-    """Raise :class:`SchemaVersionError` if table ``name`` is older than :data:`SCHEMA_VERSION`.
+def _check_version(conn: Connection, name: str, schema: str | None, minimum: int) -> None:
+    """Raise :class:`SchemaVersionError` (naming the upgrade to :data:`SCHEMA_VERSION`) if table
+    ``name`` is older than ``minimum``.
 
     A table whose version cannot be told (not even version 1's columns) is left to the
     statements that use it: it is not an outbox any version of sqla-outbox created.
     """
     found = inspected_version(sa.inspect(conn), outbox_table.name, schema)
-    if found is not None and found < SCHEMA_VERSION:
+    if found is not None and found < minimum:
         raise outdated_table_error(name, found)
 
 

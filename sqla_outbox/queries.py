@@ -77,6 +77,8 @@ __all__ = [
     "mark_published_stmt",
     "park_rows_stmt",
     "park_stmt",
+    "park_waiting_stmt",
+    "parked_behind_stmt",
     "pending_stmt",
     "plan_stmt",
     "purge_stmt",
@@ -89,8 +91,12 @@ __all__ = [
     "stamp_stmt",
     "status_stmt",
     "sweep_parked_stmt",
+    "sweep_stmt",
     "unclaim_stmt",
     "unpark_behind_stmt",
+    "unpark_rows_stmt",
+    "waiting_head_stmt",
+    "wake_stmt",
 ]
 
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
@@ -219,6 +225,29 @@ def _claimable(table: Any, dialect: str) -> list[ColumnElement[bool]]:
     unpublished, not dead, not parked. A query restricted to these reads that index, never the
     dead letters or the parked rows, however many there are."""
     return [_unpublished(table), table.c.dead_at.is_(None), _not_parked(table, dialect)]
+
+
+def _held_parked(table: Any) -> ColumnElement[bool]:
+    """A parked row is parked behind a holder, not until it is due (:mod:`sqla_outbox.waiting`):
+    no ``wake_at``. Only :func:`wake_stmt` unparks the others."""
+    held: ColumnElement[bool] = table.c.wake_at.is_(None)
+    return held
+
+
+def _due_at(table: Any) -> ColumnElement[dt.datetime]:
+    """When a row comes due: the later of ``run_at`` and its retry backoff's end."""
+    due: ColumnElement[dt.datetime] = case(
+        (table.c.retry_at > table.c.run_at, table.c.retry_at), else_=table.c.run_at
+    )
+    return due
+
+
+def _from_now(dialect: str, ahead: str, instant: str) -> ColumnElement[dt.datetime]:
+    """An instant some time from now: ``now() + :ahead`` (an interval) on PostgreSQL, the
+    relay's ``:instant`` elsewhere (as :func:`_lease_cutoff`)."""
+    if dialect == "postgresql":
+        return func.now() + bindparam(ahead, type_=Interval())
+    return bindparam(instant, type_=UTCDateTime())
 
 
 def _position(table: Any) -> Any:
@@ -927,6 +956,7 @@ def _mark_ctes(dialect: str, token: str, ids: str) -> tuple[Any, Any]:
 def _parked_behind(holders: Any, dialect: str) -> CompoundSelect[Any]:
     """The ids of the parked rows in the transactions and keys of ``holders`` (a CTE or
     subquery with ``staged_at`` and ``ordering_key``): what publishing or discarding them frees.
+    Not the rows parked until they are due (:func:`_held_parked`): only the sweep wakes those.
 
     Found from the holders, one probe of ``ix_outbox_parked_group`` per distinct transaction and
     of ``ix_outbox_parked_key`` per distinct key. ``parked AND (staged_at IN (...) OR
@@ -940,19 +970,20 @@ def _parked_behind(holders: Any, dialect: str) -> CompoundSelect[Any]:
     """
     t = outbox_table
     parked = t.alias("parked_row")
+    held = [parked.c.parked, _held_parked(parked)]
 
     def behind(column: str) -> Select[Any]:
         if dialect != "postgresql":  # a row listed once per holder is still updated once
             return (
                 select(parked.c.id)
                 .join(holders, parked.c[column] == holders.c[column])
-                .where(parked.c.parked)
+                .where(*held)
             )
         values = holders.c[column]
         groups = select(values).where(values.is_not(None)).distinct().subquery(f"by_{column}")
         probe = (
             select(parked.c.id)
-            .where(parked.c.parked, parked.c[column] == groups.c[column])
+            .where(*held, parked.c[column] == groups.c[column])
             .offset(literal_column("0"))
             .lateral(f"parked_by_{column}")
         )
@@ -995,6 +1026,17 @@ def unpark_behind_stmt(dialect: str, *, dead: bool = False) -> Update:
     is materialized first.
     """
     t = outbox_table
+    rows = _parked_behind_holders(dialect, dead=dead)
+    if dialect in MYSQL_DIALECTS:
+        freed = rows.subquery("behind")
+        return update(t).where(t.c.id == freed.c.id).values(parked=False)
+    return update(t).where(t.c.id.in_(rows)).values(parked=False)
+
+
+def _parked_behind_holders(dialect: str, *, dead: bool) -> CompoundSelect[Any]:
+    """The ids :func:`unpark_behind_stmt` unparks: parked behind the rows ``:ids`` (or behind
+    every dead letter)."""
+    t = outbox_table
     holder = t.alias("holder")
     chosen: ColumnElement[bool]
     if dead:
@@ -1004,15 +1046,30 @@ def unpark_behind_stmt(dialect: str, *, dead: bool = False) -> Update:
     else:
         chosen = holder.c.id.in_(bindparam("ids", expanding=True))
     holders = select(holder.c.staged_at, holder.c.ordering_key).where(chosen).subquery("holders")
-    rows = _parked_behind(holders, dialect)
-    if dialect in MYSQL_DIALECTS:
-        freed = rows.subquery("behind")
-        return update(t).where(t.c.id == freed.c.id).values(parked=False)
-    return update(t).where(t.c.id.in_(rows)).values(parked=False)
+    return _parked_behind(holders, dialect)
+
+
+def parked_behind_stmt(dialect: str) -> CompoundSelect[Any]:
+    """MySQL/MariaDB: the ids of the rows parked behind the rows ``:ids``, by a plain read.
+
+    A mark there unparks what it freed in two steps, this read and :func:`unpark_rows_stmt`:
+    :func:`unpark_behind_stmt`'s derived table is read with shared locks on the rows it joins,
+    and two relays marking at once deadlocked on them (InnoDB rolled one mark back, the relay
+    retried it). A row parked again between the two steps stays parked: the UPDATE tests
+    ``parked`` and ``wake_at`` on the row as it is then.
+    """
+    return _parked_behind_holders(dialect, dead=False)
+
+
+def unpark_rows_stmt(dialect: str) -> Update:
+    """MySQL/MariaDB: unpark the rows ``:ids`` still parked behind a holder (no ``wake_at``)."""
+    t = outbox_table
+    return update(t).where(_ids(dialect), t.c.parked, _held_parked(t)).values(parked=False)
 
 
 def sweep_parked_stmt(dialect: str) -> Update:
-    """Unpark up to ``:limit`` parked rows that nothing stuck holds back any more.
+    """Unpark up to ``:limit`` parked rows that nothing stuck holds back any more (not those
+    parked until they are due: :func:`wake_stmt` wakes them).
 
     The safety net under parking. A claim parks a row behind a holder it sees stuck; if that
     holder is published by a statement that ran at the same moment (and so did not see the row
@@ -1056,11 +1113,112 @@ def sweep_parked_stmt(dialect: str) -> Update:
         return func.coalesce(last, false())
 
     held = or_(predecessor_stuck("staged_at"), predecessor_stuck("ordering_key"))
-    free = select(row.c.id).where(row.c.parked, ~held).limit(bindparam("limit"))
+    free = select(row.c.id).where(row.c.parked, _held_parked(row), ~held).limit(bindparam("limit"))
     if dialect in MYSQL_DIALECTS:
         free_rows = free.subquery("free")
         return update(t).where(t.c.id == free_rows.c.id).values(parked=False)
     return update(t).where(t.c.id.in_(free)).values(parked=False)
+
+
+def _not_due_for_a_while(row: Any, dialect: str) -> list[ColumnElement[bool]]:
+    """``row`` is claimable, unclaimed, and comes due after ``:park_ahead`` from now
+    (``:park_after`` but on PostgreSQL): what a sweep parks until then."""
+    later = _from_now(dialect, "park_ahead", "park_after")
+    return [*_claimable(row, dialect), row.c.claimed_by.is_(None), _due_at(row) > later]
+
+
+def waiting_head_stmt(dialect: str) -> Select[Any]:
+    """The ids of the rows among the first ``:head`` of the claim's index, read in claim order
+    as a claim reads it, that come due after ``:park_ahead`` from now (``:park_after`` but on
+    PostgreSQL): the rows :func:`park_waiting_stmt` parks. A plain read: on MySQL and MariaDB
+    the sweep runs it on its own and parks the ids it returns, as a derived table in the UPDATE
+    would take shared locks on ten thousand entries of the claim index, on which the relays'
+    marks then deadlock."""
+    t = outbox_table
+    row = t.alias("head_row")
+    head = select(row.c.id).where(*_claimable(row, dialect)).order_by(row.c.staged_at, row.c.id)
+    for name in MYSQL_DIALECTS:
+        head = head.with_hint(row, "USE INDEX (ix_outbox_claimable)", dialect_name=name)
+    heads = head.limit(_inline("head")).subquery("head")
+    waiting = t.alias("waiting_row")
+    return (
+        select(waiting.c.id)
+        .join(heads, waiting.c.id == heads.c.id)
+        .where(*_not_due_for_a_while(waiting, dialect))
+    )
+
+
+def park_waiting_stmt(dialect: str) -> Update:
+    """Park the rows :func:`waiting_head_stmt` names, each until it is due (``wake_at``).
+
+    Out of ``ix_outbox_claimable``, they cost the claims nothing until :func:`wake_stmt` brings
+    them back (see :mod:`sqla_outbox.waiting`). Unclaimed rows only, and on PostgreSQL only those
+    no other statement has locked (``SKIP LOCKED``): a sweep never touches a claim's rows, and two
+    relays sweeping at once part the rows between them. The head may hold due rows, which stay
+    where they are.
+
+    On MySQL and MariaDB it parks the rows ``:ids`` (read by :func:`waiting_head_stmt` first)
+    whose conditions still hold on the row as InnoDB reads it, current and locked.
+    """
+    t = outbox_table
+    chosen: ColumnElement[bool]
+    if dialect in MYSQL_DIALECTS:
+        chosen = and_(_ids(dialect), *_not_due_for_a_while(t, dialect))
+    else:
+        ids = waiting_head_stmt(dialect)
+        if dialect == "postgresql":
+            waiting = ids.selected_columns.id.table  # the rows parked, not the head's
+            locked = ids.with_for_update(of=waiting, skip_locked=True).scalar_subquery()
+            chosen = t.c.id == any_(func.array(locked))
+        else:
+            chosen = t.c.id.in_(ids)
+    return update(t).where(chosen).values(parked=True, wake_at=_due_at(t))
+
+
+def wake_stmt(dialect: str) -> Update:
+    """Unpark the rows parked until due (:func:`park_waiting_stmt`) that come due before
+    ``:wake_ahead`` from now (``:wake_before`` but on PostgreSQL), whether or not their time
+    has come, so each is back in the claim's index before it is due.
+
+    Read through ``ix_outbox_waking`` alone. A woken row that something stuck holds back is
+    parked behind it by the next claim that meets it, as any row. On PostgreSQL ``SKIP LOCKED``
+    as :func:`park_waiting_stmt`.
+    """
+    t = outbox_table
+    soon = _from_now(dialect, "wake_ahead", "wake_before")
+
+    def waking(row: Any) -> list[ColumnElement[bool]]:
+        # IS NOT NULL as the index's predicate says it: SQLite then reads the partial index.
+        return [row.c.wake_at.is_not(None), row.c.wake_at <= soon]
+
+    chosen: list[ColumnElement[bool]]
+    if dialect == "postgresql":
+        row = t.alias("waking_row")
+        locked = select(row.c.id).where(*waking(row)).with_for_update(skip_locked=True)
+        chosen = [t.c.id == any_(func.array(locked.scalar_subquery()))]
+    else:
+        chosen = waking(t)
+    return update(t).where(*chosen).values(parked=False, wake_at=null())
+
+
+def sweep_stmt() -> Select[Any]:
+    """PostgreSQL: a whole sweep in one autocommit statement: :func:`sweep_parked_stmt`,
+    :func:`wake_stmt` and :func:`park_waiting_stmt` as data-modifying CTEs, and how many rows
+    each changed (``unparked``, ``woken``, ``parked``), with their parameters.
+
+    The three never meet a row twice in the one snapshot they share: the first changes parked
+    rows without a ``wake_at``, the second rows with one, the third rows not parked.
+    """
+    parts = {
+        "unparked": sweep_parked_stmt("postgresql"),
+        "woken": wake_stmt("postgresql"),
+        "parked": park_waiting_stmt("postgresql"),
+    }
+    counts = []
+    for name, statement in parts.items():
+        changed = statement.returning(outbox_table.c.id).cte(f"{name}_rows")
+        counts.append(select(func.count()).select_from(changed).scalar_subquery().label(name))
+    return select(*counts)
 
 
 def release_stmt(dialect: str) -> Update:
@@ -1321,7 +1479,8 @@ def pending_stmt() -> Select[int]:
 def status_stmt(dialect: str) -> Select[int, int, Any, int, int, int, int]:
     """The backlog in one query: ``pending``, ``due``, ``oldest_staged_at``, ``failing`` (rows
     with failed attempts), ``dead``, ``backing_off`` (waiting out a retry backoff) and ``parked``
-    (held back behind a failed or dead row).
+    (held back behind a failed or dead row; not the rows parked until they are due, which are
+    scheduled or backing off).
 
     Every figure is about unpublished rows, so that is the WHERE clause, which the partial index
     ``ix_outbox_unpublished`` covers: the cost follows the backlog, not the published history
@@ -1348,7 +1507,7 @@ def status_stmt(dialect: str) -> Select[int, int, Any, int, int, int, int]:
             rows(_charged(t)).label("failing"),
             rows(t.c.dead_at.is_not(None)).label("dead"),
             rows(alive, t.c.retry_at > now).label("backing_off"),
-            rows(alive, t.c.parked).label("parked"),
+            rows(alive, t.c.parked, _held_parked(t)).label("parked"),
         )
         .select_from(t)
         .where(_unpublished())

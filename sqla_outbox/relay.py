@@ -62,7 +62,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import queries, sweeping
+from sqla_outbox import queries, sweeping, waiting
 from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
@@ -506,6 +506,8 @@ class Relay:
             return self.poll_interval
         with self._pass_lock:  # on the held connection, as a pass is
             due_in, parked = self._statements.idle_plan()
+        # Rows due so late that the sweep would park them ask for one as parked rows do.
+        parked = parked or (due_in is not None and due_in > waiting.PARK_AHEAD.total_seconds())
         if parked and self._sweeps.due() and self._sweep():
             return 0.0
         wait = min(IDLE_MAX, self.liveness_bound / 2)
@@ -526,13 +528,19 @@ class Relay:
             self._sweep()
 
     def _sweep(self) -> bool:
-        """Unpark rows whose holder went without unparking them; whether any were."""
+        """Unpark rows whose holder went without unparking them, wake and park rows by when
+        they are due (:mod:`sqla_outbox.waiting`); whether any row is claimable that was not."""
         with self._pass_lock:
             self._sweeps.swept()
             swept = self._statements.sweep()
-        if swept:
-            log_event(log, logging.INFO, "relay.unparked", relay=self.relay_id, rows=swept)
-        return swept > 0
+        for event, rows in (
+            ("relay.unparked", swept.unparked),
+            ("relay.woken", swept.woken),
+            ("relay.parked_until_due", swept.parked),
+        ):
+            if rows:
+                log_event(log, logging.INFO, event, relay=self.relay_id, rows=rows)
+        return swept.freed > 0
 
     # -- inspection -------------------------------------------------------------------------
 

@@ -38,7 +38,8 @@ it reusable for new rows (InnoDB's purge thread does the same); an SQLite file k
 
 The trap: purging needs table version 3 (:mod:`sqla_outbox.versions`), whose index
 ``ix_outbox_published`` finds the oldest published rows without reading the others; on an older
-table every batch would read the whole table. :func:`purge` refuses one with
+table every batch would read the whole table. (It reads no later version's column, so a version
+3 table is purged as a version 4 one is.) :func:`purge` refuses an older one with
 :class:`~sqla_outbox.errors.SchemaVersionError` naming ``op.upgrade_outbox_table``, as relays do.
 And on MySQL and MariaDB, ``READ COMMITTED`` writes cannot go to a statement-based binary log: on
 a server with ``binlog_format=STATEMENT`` (MySQL 8 defaults to ``ROW``, MariaDB to ``MIXED``)
@@ -73,6 +74,7 @@ __all__ = [
     "MYSQL_PURGE_ISOLATION",
     "PURGE_INTERVAL",
     "PURGE_PRIVILEGES",
+    "PURGE_SCHEMA_VERSION",
     "ROUND_BATCHES",
     "ROUND_BATCH_SIZE",
     "BackgroundPurge",
@@ -90,6 +92,9 @@ log = logging.getLogger("sqla_outbox.relay")
 PURGE_PRIVILEGES = ("SELECT", "UPDATE", "DELETE")
 """What a purge needs on the outbox table (PostgreSQL): ``DELETE``, and ``UPDATE`` for the
 ``FOR UPDATE`` lock its batches take."""
+
+PURGE_SCHEMA_VERSION = 3
+"""The oldest table version :func:`purge` runs on: the first with ``ix_outbox_published``."""
 
 DEFAULT_BATCH_SIZE = 10_000
 """Rows :func:`purge` deletes per transaction."""
@@ -241,7 +246,9 @@ def purge(
     batch_size = resolve_purge_batch_size(batch_size)
     with operator_engine(bind) as engine:
         with raise_if_missing_table(engine), engine.begin() as conn:
-            check_outbox_table(conn, PURGE_PRIVILEGES, needed_by="purge()")
+            check_outbox_table(
+                conn, PURGE_PRIVILEGES, needed_by="purge()", minimum=PURGE_SCHEMA_VERSION
+            )
             cutoff = purge_cutoff(conn, older_than)
         return sum(purge_batches(engine, cutoff, batch_size))
 

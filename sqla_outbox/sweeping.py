@@ -6,25 +6,42 @@ the very moment its holder is published, by a statement that did not yet see it 
 unparked by nothing but the sweep (:func:`sqla_outbox.queries.sweep_parked_stmt`), so every
 relay sweeps every :data:`SWEEP_INTERVAL` seconds:
 
-* while idle, from the idle loop, when parked rows exist (a drain also sweeps when it finds
-  nothing to claim);
+* while idle, from the idle loop, when parked rows exist or the next row to come due is far
+  enough ahead to be parked (a drain also sweeps when it finds nothing to claim);
 * while busy, between passes. A relay whose backlog never empties never goes idle: sweeping
   only then left such a row waiting for the first quiet moment, which under steady load may
   never come.
 
-A sweep is one statement that reads a few index entries per parked row, so a busy relay pays it
-once every few seconds, not once a pass.
+The same sweep parks the rows not due for a while and wakes them before they are due
+(:mod:`sqla_outbox.waiting`): three statements in one transaction, each reading a few index
+entries per row it looks at, so a busy relay pays them once every few seconds, not once a pass.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
-__all__ = ["SWEEP_INTERVAL", "SweepClock"]
+__all__ = ["SWEEP_INTERVAL", "SweepClock", "Swept"]
 
 SWEEP_INTERVAL = 5.0
 """Seconds between a relay's sweeps for parked rows, idle or busy."""
+
+
+class Swept(NamedTuple):
+    """What one sweep changed: rows ``unparked`` (nothing stuck holds them back any more),
+    ``woken`` (parked until due, and due soon) and ``parked`` until due
+    (:mod:`sqla_outbox.waiting`)."""
+
+    unparked: int
+    woken: int
+    parked: int
+
+    @property
+    def freed(self) -> int:
+        """Rows back in the claim's index: a claim may find work it could not before."""
+        return self.unparked + self.woken
 
 
 class SweepClock:

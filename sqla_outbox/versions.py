@@ -26,6 +26,10 @@ The versions:
 3. Retention: the partial index ``ix_outbox_published`` over the published rows by
    ``published_at``, so :func:`sqla_outbox.purge` finds the oldest published rows without
    reading the table. No new column. Table comment ``sqla-outbox schema 3``.
+4. Rows parked until they come due: ``wake_at`` and the partial index ``ix_outbox_waking`` over
+   the rows that have one (:mod:`sqla_outbox.waiting`). Table comment ``sqla-outbox schema 4``.
+   Down to version 3, the rows parked that way are unparked first (:attr:`Step.before_removal`):
+   version 3 has nothing that would wake them.
 
 On PostgreSQL every version also has fillfactor 50 and the notification trigger of
 :mod:`sqla_outbox.ddl`; those statements (and the ``.sql`` files they load) are frozen as well.
@@ -70,6 +74,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Inspector
 from sqlalchemy.schema import Constraint
+from sqlalchemy.sql import Executable
 
 from sqla_outbox.coltypes import ID_TYPE, JSON_TYPE, MYSQL_DIALECTS, UTCDateTime
 from sqla_outbox.errors import ConfigurationError
@@ -96,7 +101,7 @@ __all__ = [
 #: The outbox table's name, the same in every version.
 TABLE_NAME = "outbox"
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The table version this release of sqla-outbox reads and writes."""
 
 _COMMENT = "sqla-outbox schema {version}"
@@ -137,6 +142,9 @@ class Step:
 
     ``columns`` and ``constraints`` are factories because a ``Column`` belongs to exactly one
     ``Table``: every table built gets new ones. ``comment`` is the table comment of this version.
+    ``before_removal``, given this version's table, is the statement that makes its rows mean
+    the same to the version before it, run before the step's columns are dropped (``None``:
+    dropping them is enough).
     """
 
     version: int
@@ -144,6 +152,7 @@ class Step:
     indexes: tuple[IndexSpec, ...]
     comment: str | None
     constraints: Callable[[], list[Constraint]] = list
+    before_removal: Callable[[Table], Executable] | None = None
 
     def column_names(self) -> tuple[str, ...]:
         """The names of the columns this step adds, in table order."""
@@ -200,6 +209,20 @@ def _columns_2() -> list[Column[Any]]:
 
 def _columns_3() -> list[Column[Any]]:
     return []  # an index only
+
+
+# --- version 4: rows parked until they come due (frozen) -----------------------------------------
+
+
+def _columns_4() -> list[Column[Any]]:
+    return [Column("wake_at", UTCDateTime(), nullable=True)]
+
+
+def _unpark_waking(table: Table) -> Executable:
+    # Version 3 has no wake_at: a row parked until it comes due would stay parked until some
+    # relay's sweep found nothing stuck before it. Claimable again at once instead.
+    # false() rather than False: an offline migration renders it as SQL, not as a placeholder.
+    return sa.update(table).where(table.c.wake_at.is_not(None)).values(parked=false())
 
 
 STEPS: Mapping[int, Step] = {
@@ -270,6 +293,23 @@ STEPS: Mapping[int, Step] = {
             ),
         ),
         comment=_COMMENT.format(version=3),
+    ),
+    4: Step(
+        version=4,
+        columns=_columns_4,
+        indexes=(
+            # The rows parked until they come due, by when: what a sweep wakes, read without
+            # reading the rest. On MySQL the plain index: its NULLs (every other row) sort
+            # first, and the sweep's range (wake_at <= ...) never reaches them.
+            IndexSpec(
+                "ix_outbox_waking",
+                ("wake_at",),
+                "wake_at IS NOT NULL",
+                mysql_columns=("wake_at",),
+            ),
+        ),
+        comment=_COMMENT.format(version=4),
+        before_removal=_unpark_waking,
     ),
 }
 """Every released version's step, by version. Append new versions; never edit one."""

@@ -112,13 +112,19 @@ def row(engine: Engine, message: OutboxMessage | uuid.UUID) -> Any:
 
 def expire_backoffs(engine: Engine) -> int:
     """End every retry backoff now, as if its time had come: ``UPDATE outbox SET retry_at`` to
-    an hour ago wherever one is set. Tests use it instead of sleeping out a backoff; returns how
-    many rows it touched."""
+    an hour ago wherever one is set, and a row a sweep parked until its backoff's end woken, as
+    a relay running all that time would have woken it (sqla_outbox.waiting). Tests use it
+    instead of sleeping out a backoff; returns how many rows it touched."""
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
-    backing_off = outbox.OutboxRow.retry_at.is_not(None)
+    row = outbox.OutboxRow
     with engine.begin() as conn:
+        conn.execute(
+            update(row)
+            .where(row.retry_at.is_not(None), row.wake_at.is_not(None))
+            .values(parked=False, wake_at=None)
+        )
         return conn.execute(
-            update(outbox.OutboxRow).where(backing_off).values(retry_at=past)
+            update(row).where(row.retry_at.is_not(None)).values(retry_at=past)
         ).rowcount
 
 

@@ -3,11 +3,12 @@ autogenerate support.
 
 Every test runs against a real database (a fresh PostgreSQL database or SQLite file per test) or,
 for offline mode, Alembic's real SQL renderer; nothing is mocked. Table versions themselves (what
-versions 1, 2 and 3 are, how a database's version is read) are pinned in ``test_versions.py``.
+each version is, how a database's version is read) are pinned in ``test_versions.py``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import subprocess
@@ -32,7 +33,7 @@ import alembic_ext
 import sqla_outbox as outbox
 from alembic_ext import CreateOutboxTableOp, DropOutboxTableOp, UpgradeOutboxTableOp
 from sqla_outbox.engines import create_engine
-from sqla_outbox.versions import build_table, table_version
+from sqla_outbox.versions import VERSIONS, build_table, table_version
 
 EXAMPLE_INI = Path(__file__).resolve().parent.parent / "examples" / "alembic" / "alembic.ini"
 
@@ -55,6 +56,11 @@ V2_INDEXES = sorted(
 )
 V2_COLUMNS = ["ordering_key", "retry_at", "dead_at", "parked"]
 V3_INDEXES = sorted([*V2_INDEXES, "ix_outbox_published"])
+V4_INDEXES = sorted([*V3_INDEXES, "ix_outbox_waking"])
+
+#: The version this release needs (what outbox.metadata holds), and its indexes.
+CURRENT = outbox.SCHEMA_VERSION
+CURRENT_INDEXES = V4_INDEXES
 
 
 def make_app_metadata() -> MetaData:
@@ -160,12 +166,12 @@ def version_metadata(version: int) -> MetaData:
     return metadata
 
 
-def offline_sql(dialect: str, run: Any) -> str:
-    """What ``run(op)`` prints in offline (--sql) mode for ``dialect``, touching no database."""
+def offline_sql(dialect: str, run: Any, *, literal_binds: bool = False) -> str:
+    """What ``run(op)`` prints in offline (--sql) mode for ``dialect``, touching no database;
+    ``literal_binds`` as an env.py's offline mode sets it (values inline, not placeholders)."""
     buffer = io.StringIO()
-    ctx = MigrationContext.configure(
-        dialect_name=dialect, opts={"as_sql": True, "output_buffer": buffer}
-    )
+    opts = {"as_sql": True, "output_buffer": buffer, "literal_binds": literal_binds}
+    ctx = MigrationContext.configure(dialect_name=dialect, opts=opts)
     run(Operations(ctx))
     return buffer.getvalue()
 
@@ -174,14 +180,14 @@ def offline_sql(dialect: str, run: Any) -> str:
 
 
 def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -> None:
-    """On PostgreSQL, op.create_outbox_table(version=3) builds exactly the model: autogenerate
-    (types and server defaults compared) finds nothing to change, the indexes are partial,
-    fillfactor is 50, the comment records version 3; op.drop_outbox_table(version=3) then leaves
-    neither table nor index behind."""
+    """On PostgreSQL, op.create_outbox_table(version=4), the current version, builds exactly the
+    model: autogenerate (types and server defaults compared) finds nothing to change, the indexes
+    are partial, fillfactor is 50, the comment records the version; op.drop_outbox_table(
+    version=4) then leaves neither table nor index behind."""
     with pg_empty.begin() as conn:
-        operations(conn).create_outbox_table(version=3)
+        operations(conn).create_outbox_table(version=CURRENT)
 
-    assert index_names(pg_empty) == V3_INDEXES
+    assert index_names(pg_empty) == CURRENT_INDEXES
     with pg_empty.connect() as conn:
         assert compare(conn, outbox.metadata) == []
         indexdef = index_sql(conn)
@@ -191,12 +197,14 @@ def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -
             text("SELECT reloptions FROM pg_class WHERE relname = 'outbox'")
         ).scalar_one()
         assert reloptions == ["fillfactor=50"]
-        assert inspect(conn).get_table_comment("outbox")["text"] == "sqla-outbox schema 3"
+        comment = inspect(conn).get_table_comment("outbox")["text"]
+        assert comment == f"sqla-outbox schema {CURRENT}"
         published = index_sql(conn, "ix_outbox_published")
         assert "(published_at) WHERE (published_at IS NOT NULL)" in published
+        assert "(wake_at) WHERE (wake_at IS NOT NULL)" in index_sql(conn, "ix_outbox_waking")
 
     with pg_empty.begin() as conn:
-        operations(conn).drop_outbox_table(version=3)
+        operations(conn).drop_outbox_table(version=CURRENT)
 
     inspector = inspect(pg_empty)
     assert inspector.get_table_names() == []
@@ -208,21 +216,22 @@ def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -
 
 
 def test_create_outbox_table_on_sqlite_matches_the_model(sqlite_empty: Engine) -> None:
-    """On SQLite, op.create_outbox_table(version=3) builds exactly the model (no autogenerate
-    diffs, partial indexes with their WHERE clauses), and op.drop_outbox_table(version=3) removes
-    table and indexes."""
+    """On SQLite, op.create_outbox_table(version=4), the current version, builds exactly the
+    model (no autogenerate diffs, partial indexes with their WHERE clauses), and
+    op.drop_outbox_table(version=4) removes table and indexes."""
     with sqlite_empty.begin() as conn:
-        operations(conn).create_outbox_table(version=3)
+        operations(conn).create_outbox_table(version=CURRENT)
 
-    assert index_names(sqlite_empty) == V3_INDEXES
+    assert index_names(sqlite_empty) == CURRENT_INDEXES
     with sqlite_empty.connect() as conn:
         assert compare(conn, outbox.metadata) == []
         assert f"WHERE {INDEX_WHERE}" in index_sql(conn)
         assert "WHERE parked" in index_sql(conn, "ix_outbox_parked_key")
         assert "WHERE published_at IS NOT NULL" in index_sql(conn, "ix_outbox_published")
+        assert "WHERE wake_at IS NOT NULL" in index_sql(conn, "ix_outbox_waking")
 
     with sqlite_empty.begin() as conn:
-        operations(conn).drop_outbox_table(version=3)
+        operations(conn).drop_outbox_table(version=CURRENT)
 
     inspector = inspect(sqlite_empty)
     assert inspector.get_table_names() == []
@@ -256,17 +265,17 @@ def test_bare_create_outbox_table_is_version_1_forever(empty_engine: Engine) -> 
 
 
 def test_create_outbox_table_in_a_schema(pg_empty: Engine) -> None:
-    """op.create_outbox_table(version=3, schema="jobs") puts the table and its indexes in that
+    """op.create_outbox_table(version=4, schema="jobs") puts the table and its indexes in that
     schema and nowhere else; a target metadata with the outbox moved to "jobs" then compares
-    clean, and op.drop_outbox_table(version=3, schema="jobs") removes it again."""
+    clean, and op.drop_outbox_table(version=4, schema="jobs") removes it again."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
-        operations(conn).create_outbox_table(version=3, schema="jobs")
+        operations(conn).create_outbox_table(version=CURRENT, schema="jobs")
 
     inspector = inspect(pg_empty)
     assert inspector.get_table_names(schema="jobs") == ["outbox"]
     assert inspector.get_table_names() == []
-    assert index_names(pg_empty, schema="jobs") == V3_INDEXES
+    assert index_names(pg_empty, schema="jobs") == CURRENT_INDEXES
     with pg_empty.connect() as conn:
         schemas = conn.execute(
             text("SELECT DISTINCT schemaname FROM pg_indexes WHERE indexname LIKE 'ix_outbox%'")
@@ -278,7 +287,7 @@ def test_create_outbox_table_in_a_schema(pg_empty: Engine) -> None:
         assert compare(conn, jobs_metadata, include_schemas=True) == []
 
     with pg_empty.begin() as conn:
-        operations(conn).drop_outbox_table(version=3, schema="jobs")
+        operations(conn).drop_outbox_table(version=CURRENT, schema="jobs")
     assert inspect(pg_empty).get_table_names(schema="jobs") == []
 
 
@@ -392,9 +401,9 @@ def test_upgrade_keeps_every_row_up_down_and_up_again(empty_engine: Engine) -> N
     assert tuple(late) == ("late", None, False)  # ordering_key went with the downgrade
 
 
-def all_values(conn: sa.Connection) -> list[tuple[Any, ...]]:
-    """Every row's values in every column of version 2 (= version 3's columns), by id."""
-    table = build_table(2, MetaData())
+def all_values(conn: sa.Connection, version: int = 2) -> list[tuple[Any, ...]]:
+    """Every row's values in every column of ``version`` (version 2's are version 3's), by id."""
+    table = build_table(version, MetaData())
     return [tuple(row) for row in conn.execute(sa.select(table).order_by(table.c.id))]
 
 
@@ -402,7 +411,7 @@ def test_upgrade_2_to_3_keeps_every_row_up_down_and_up_again(empty_engine: Engin
     """A version-2 table with rows in it (unpublished, published, a dead letter, an ordering
     key) goes 2 -> 3 -> 2 -> 3: every value of every row is intact at each step (version 3 adds
     no column), the index ix_outbox_published comes and goes, and after each move autogenerate
-    against that version finds nothing (against outbox.metadata after each upgrade)."""
+    against that version finds nothing."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table(version=2)
         insert_v1_rows(conn)
@@ -428,18 +437,112 @@ def test_upgrade_2_to_3_keeps_every_row_up_down_and_up_again(empty_engine: Engin
 
     move(2, 3)
     assert index_names(empty_engine) == V3_INDEXES
-    with empty_engine.connect() as conn:
-        assert compare(conn, outbox.metadata) == []
     move(3, 2)
     assert index_names(empty_engine) == V2_INDEXES
     move(2, 3)
+    assert index_names(empty_engine) == V3_INDEXES
+
+
+HELD_ID = uuid.UUID(int=4)
+"""The row insert_v3_rows parks behind the dead letter."""
+
+
+def insert_v3_rows(conn: sa.Connection) -> None:
+    """Four rows in a version-3 table: the three of insert_v1_rows, the first published with an
+    ordering key, the second a dead letter of key customer-2, the third scheduled a day ahead;
+    and a fourth, of key customer-2 too, parked behind that dead letter (parked as every version
+    since 2 parks: no wake_at, held back until its holder is dealt with)."""
+    insert_v1_rows(conn)
+    table = build_table(3, MetaData())
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+    def change(row_id: uuid.UUID, **values: Any) -> None:
+        conn.execute(sa.update(table).where(table.c.id == row_id).values(**values))
+
+    change(ROW_IDS[0], ordering_key="customer-1")
+    change(ROW_IDS[1], ordering_key="customer-2", dead_at=table.c.claimed_at, attempts=3)
+    change(ROW_IDS[2], run_at=now + dt.timedelta(days=1))
+    conn.execute(
+        table.insert().values(
+            id=HELD_ID,
+            job="refund",
+            input={"order": 2, "refund": True},
+            idempotency_key="key-4",
+            run_at=now,
+            staged_at=now,
+            ordering_key="customer-2",
+            parked=True,
+        )
+    )
+
+
+def test_upgrade_3_to_4_keeps_every_row_and_unparks_the_rows_parked_until_due(
+    empty_engine: Engine,
+) -> None:
+    """A version-3 table with rows in it (published, a dead letter, a row scheduled for
+    tomorrow, a row parked behind the dead letter) goes 3 -> 4 -> 3 -> 4: every value of every
+    row is intact at each step and wake_at reads NULL on the old rows; the column and the index
+    ix_outbox_waking come and go; after each move autogenerate against that version finds
+    nothing. And the meaning of parked survives the way down: the scheduled row, parked at
+    version 4 until it is due (parked, wake_at set, as a relay's sweep leaves it), comes back
+    to version 3 unparked, since version 3 has nothing that would ever wake it, while the row
+    parked behind the dead letter (no wake_at) stays parked, its holder still dead."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table(version=3)
+        insert_v3_rows(conn)
     with empty_engine.connect() as conn:
+        before = all_values(conn)
+    parked = {row[0]: row[-1] for row in before}
+    assert parked == {**dict.fromkeys(ROW_IDS, False), HELD_ID: True}
+    v4 = build_table(4, MetaData())
+
+    def move(from_version: int, to_version: int) -> None:
+        with empty_engine.begin() as conn:
+            operations(conn).upgrade_outbox_table(from_version, to_version)
+        with empty_engine.connect() as conn:
+            assert table_version(conn, outbox.OutboxRow.__table__) == to_version  # type: ignore[arg-type]
+            assert compare(conn, version_metadata(to_version)) == []
+
+    move(3, 4)
+    assert index_names(empty_engine) == V4_INDEXES
+    with empty_engine.connect() as conn:
+        assert compare(conn, outbox.metadata) == []
+        assert all_values(conn) == before
+        assert conn.execute(sa.select(v4.c.wake_at)).scalars().all() == [None] * 4
+
+    # The scheduled row, parked until it is due, as a relay's sweep parks it.
+    with empty_engine.begin() as conn:
+        conn.execute(
+            sa.update(v4).where(v4.c.id == ROW_IDS[2]).values(parked=True, wake_at=v4.c.run_at)
+        )
+    with empty_engine.connect() as conn:
+        waiting = conn.execute(
+            sa.select(v4.c.id, v4.c.parked, v4.c.wake_at.is_not(None)).order_by(v4.c.id)
+        ).all()
+    assert [tuple(row) for row in waiting] == [
+        (ROW_IDS[0], False, False),
+        (ROW_IDS[1], False, False),
+        (ROW_IDS[2], True, True),
+        (HELD_ID, True, False),
+    ]
+
+    move(4, 3)
+    assert index_names(empty_engine) == V3_INDEXES
+    with empty_engine.connect() as conn:
+        after = all_values(conn)
+    assert {row[0]: row[-1] for row in after} == parked  # the scheduled row unparked, no other
+    assert after == before
+
+    move(3, 4)
+    with empty_engine.connect() as conn:
+        assert all_values(conn) == before
+        assert conn.execute(sa.select(v4.c.wake_at)).scalars().all() == [None] * 4
         assert compare(conn, outbox.metadata) == []
 
 
-def test_upgrade_1_to_3_makes_both_steps(empty_engine: Engine) -> None:
-    """op.upgrade_outbox_table(1, 3) is the two steps in one operation: the version-1 rows keep
-    their values, the table then compares clean against outbox.metadata; (3, 1) goes back to a
+def test_upgrade_1_to_current_makes_every_step(empty_engine: Engine) -> None:
+    """op.upgrade_outbox_table(1, 4) is the three steps in one operation: the version-1 rows keep
+    their values, the table then compares clean against outbox.metadata; (4, 1) goes back to a
     table that compares clean against version 1, rows still there."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table()
@@ -448,14 +551,14 @@ def test_upgrade_1_to_3_makes_both_steps(empty_engine: Engine) -> None:
         before = v1_values(conn)
 
     with empty_engine.begin() as conn:
-        operations(conn).upgrade_outbox_table(1, 3)
-    assert index_names(empty_engine) == V3_INDEXES
+        operations(conn).upgrade_outbox_table(1, CURRENT)
+    assert index_names(empty_engine) == CURRENT_INDEXES
     with empty_engine.connect() as conn:
         assert compare(conn, outbox.metadata) == []
         assert v1_values(conn) == before
 
     with empty_engine.begin() as conn:
-        operations(conn).upgrade_outbox_table(3, 1)
+        operations(conn).upgrade_outbox_table(CURRENT, 1)
     assert index_names(empty_engine) == V1_INDEXES
     with empty_engine.connect() as conn:
         assert compare(conn, version_metadata(1)) == []
@@ -465,7 +568,7 @@ def test_upgrade_1_to_3_makes_both_steps(empty_engine: Engine) -> None:
 def test_upgrade_keeps_an_index_built_concurrently_beforehand(pg_empty: Engine) -> None:
     """On PostgreSQL, the index of version 3 built by hand with CREATE INDEX CONCURRENTLY (no
     write lock, as alembic_ext.ops advises for a large outbox) is kept by the upgrade, which only
-    records the version: the table then compares clean against outbox.metadata."""
+    records the version: the table then compares clean against version 3."""
     with pg_empty.begin() as conn:
         operations(conn).create_outbox_table(version=2)
     with pg_empty.connect() as conn:
@@ -478,7 +581,7 @@ def test_upgrade_keeps_an_index_built_concurrently_beforehand(pg_empty: Engine) 
     with pg_empty.begin() as conn:
         operations(conn).upgrade_outbox_table(2, 3)
     with pg_empty.connect() as conn:
-        assert compare(conn, outbox.metadata) == []
+        assert compare(conn, version_metadata(3)) == []
         assert inspect(conn).get_table_comment("outbox")["text"] == "sqla-outbox schema 3"
 
 
@@ -512,13 +615,13 @@ def test_upgrade_on_postgresql_keeps_the_trigger_and_fillfactor(pg_empty: Engine
 
 
 def test_upgrade_in_a_schema(pg_empty: Engine) -> None:
-    """op.upgrade_outbox_table(1, 3, schema="jobs") moves the table in that schema, both steps:
+    """op.upgrade_outbox_table(1, 4, schema="jobs") moves the table in that schema, every step:
     it then compares clean against the outbox moved to "jobs"."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
         operations(conn).create_outbox_table(schema="jobs")
-        operations(conn).upgrade_outbox_table(1, 3, schema="jobs")
-    assert index_names(pg_empty, schema="jobs") == V3_INDEXES
+        operations(conn).upgrade_outbox_table(1, CURRENT, schema="jobs")
+    assert index_names(pg_empty, schema="jobs") == CURRENT_INDEXES
     jobs_metadata = MetaData()
     outbox.metadata.tables["outbox"].to_metadata(jobs_metadata, schema="jobs")
     with pg_empty.connect() as conn:
@@ -557,12 +660,13 @@ def test_reverse_of_an_upgrade_is_the_move_back() -> None:
     assert UpgradeOutboxTableOp(1, 3).steps() == [(1, 2), (2, 3)]
     assert UpgradeOutboxTableOp(3, 1).steps() == [(3, 2), (2, 1)]
     assert UpgradeOutboxTableOp(2, 3).reverse().steps() == [(3, 2)]
+    assert UpgradeOutboxTableOp(4, 2).steps() == [(4, 3), (3, 2)]
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: CreateOutboxTableOp(version=4), r"version must be an outbox table version"),
+        (lambda: CreateOutboxTableOp(version=5), r"version must be an outbox table version"),
         (lambda: DropOutboxTableOp(version=0), r"version must be an outbox table version"),
         (lambda: CreateOutboxTableOp(version=True), r"got True"),
         (lambda: UpgradeOutboxTableOp(1, 9), r"to_version must be .* got 9"),
@@ -700,33 +804,73 @@ def test_offline_sql_mode_creates_and_moves_version_3(dialect: str) -> None:
         assert "COMMENT" not in created + moved
 
 
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_offline_sql_mode_creates_and_moves_version_4(dialect: str) -> None:
+    """Offline, create_outbox_table(version=4) prints version 3's table plus wake_at and the
+    partial index over the rows that have one (eight indexes); upgrade_outbox_table(3, 4) prints
+    that column (nullable: existing rows read NULL), that index (IF NOT EXISTS) and the comment;
+    upgrade_outbox_table(4, 3) first unparks the rows parked until due (the UPDATE, its values
+    inline as an env.py's offline mode writes them), then drops the index, then the column, and
+    restores version 3's comment."""
+    index = "ix_outbox_waking ON outbox (wake_at) WHERE wake_at IS NOT NULL"
+    created = offline_sql(dialect, lambda op: op.create_outbox_table(version=4))
+    assert f"CREATE INDEX {index}" in created
+    assert created.count("CREATE INDEX") == 8
+    assert "wake_at" in created.split("CREATE INDEX")[0]  # a column of the CREATE TABLE
+
+    def move(op: Any) -> None:
+        op.upgrade_outbox_table(3, 4)
+        op.upgrade_outbox_table(4, 3)
+
+    moved = offline_sql(dialect, move, literal_binds=True)
+    timestamp = "TIMESTAMP WITH TIME ZONE" if dialect == "postgresql" else "DATETIME"
+    assert f"ALTER TABLE outbox ADD COLUMN wake_at {timestamp};" in moved
+    assert f"CREATE INDEX IF NOT EXISTS {index}" in moved
+    assert moved.count("CREATE INDEX") == 1
+    false = "false" if dialect == "postgresql" else "0"
+    unpark = f"UPDATE outbox SET parked={false} WHERE outbox.wake_at IS NOT NULL;"
+    assert moved.count("UPDATE") == 1
+    assert moved.count("DROP INDEX") == 1
+    assert (
+        moved.index("ADD COLUMN wake_at")
+        < moved.index(unpark)
+        < moved.index("DROP INDEX ix_outbox_waking")
+        < moved.index("ALTER TABLE outbox DROP COLUMN wake_at")
+    )
+    if dialect == "postgresql":
+        assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 4'" in created
+        assert moved.index("schema 4'") < moved.index("UPDATE") < moved.index("schema 3'")
+    else:
+        assert "COMMENT" not in created + moved
+
+
 # --- autogenerate --------------------------------------------------------------------------------
 
 
 def test_autogenerate_writes_create_outbox_table(empty_engine: Engine) -> None:
     """With target metadata [app_metadata, outbox.metadata] on an empty database, autogenerate
     renders the business table as op.create_table but the outbox as
-    op.create_outbox_table(version=3), the version written out (no raw create_table('outbox')
-    nor its create_index), with op.drop_outbox_table(version=3) in the downgrade; once both
-    tables exist it produces no operations at all."""
+    op.create_outbox_table(version=4), the current version written out (no raw
+    create_table('outbox') nor its create_index), with op.drop_outbox_table(version=4) in the
+    downgrade; once both tables exist it produces no operations at all."""
     app_metadata = make_app_metadata()
     target = [app_metadata, outbox.metadata]
 
     with empty_engine.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, target))
 
-    assert "op.create_outbox_table(version=3)" in upgrade
+    assert f"op.create_outbox_table(version={CURRENT})" in upgrade
     assert "create_table('outbox'" not in upgrade
     assert "create_index" not in upgrade
     assert "comment" not in upgrade
     assert "op.create_table('orders'" in upgrade
-    assert "op.drop_outbox_table(version=3)" in downgrade
+    assert f"op.drop_outbox_table(version={CURRENT})" in downgrade
     assert "drop_table('outbox'" not in downgrade
     assert "op.drop_table('orders')" in downgrade
 
     with empty_engine.begin() as conn:
         app_metadata.create_all(conn)
-        operations(conn).create_outbox_table(version=3)
+        operations(conn).create_outbox_table(version=CURRENT)
 
     with empty_engine.connect() as conn:
         script = autogenerate(conn, target)
@@ -734,21 +878,22 @@ def test_autogenerate_writes_create_outbox_table(empty_engine: Engine) -> None:
     assert script.upgrade_ops.is_empty()
 
 
-@pytest.mark.parametrize("found", [1, 2])
+@pytest.mark.parametrize("found", [1, 2, 3])
 def test_autogenerate_writes_upgrade_outbox_table_for_an_old_table(
     empty_engine: Engine, found: int
 ) -> None:
-    """On a database whose outbox is version 1 or 2, autogenerate against outbox.metadata writes
-    the one op.upgrade_outbox_table(found, 3) (downgrade: op.upgrade_outbox_table(3, found))
-    instead of Alembic's add_column/create_index/create_table_comment; after running it,
-    nothing. On SQLite, which keeps no comments, version 2 is told from 3 by its indexes."""
+    """On a database whose outbox is version 1, 2 or 3, autogenerate against outbox.metadata
+    writes the one op.upgrade_outbox_table(found, 4) (downgrade: op.upgrade_outbox_table(4,
+    found)) instead of Alembic's add_column/create_index/create_table_comment; after running it,
+    nothing. On SQLite, which keeps no comments, version 2 is told from 3 by its indexes and 3
+    from 4 by its column."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table(version=found)
 
     with empty_engine.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, outbox.metadata))
-    assert f"op.upgrade_outbox_table({found}, 3)" in upgrade
-    assert f"op.upgrade_outbox_table(3, {found})" in downgrade
+    assert f"op.upgrade_outbox_table({found}, {CURRENT})" in upgrade
+    assert f"op.upgrade_outbox_table({CURRENT}, {found})" in downgrade
     for written in (upgrade, downgrade):
         assert "add_column" not in written
         assert "drop_column" not in written
@@ -757,7 +902,7 @@ def test_autogenerate_writes_upgrade_outbox_table_for_an_old_table(
         assert "batch_alter_table" not in written
 
     with empty_engine.begin() as conn:
-        operations(conn).upgrade_outbox_table(found, 3)
+        operations(conn).upgrade_outbox_table(found, CURRENT)
     with empty_engine.connect() as conn:
         script = autogenerate(conn, outbox.metadata)
     assert script.upgrade_ops is not None
@@ -766,7 +911,7 @@ def test_autogenerate_writes_upgrade_outbox_table_for_an_old_table(
 
 def test_autogenerate_keeps_other_changes_to_an_old_outbox(pg_empty: Engine) -> None:
     """A column an operator added to a version-1 outbox is not part of the move: autogenerate
-    writes op.upgrade_outbox_table(1, 3) and, after it, Alembic's own drop_column for that
+    writes op.upgrade_outbox_table(1, 4) and, after it, Alembic's own drop_column for that
     column."""
     with pg_empty.begin() as conn:
         operations(conn).create_outbox_table()
@@ -774,7 +919,7 @@ def test_autogenerate_keeps_other_changes_to_an_old_outbox(pg_empty: Engine) -> 
 
     with pg_empty.connect() as conn:
         upgrade, _ = rendered(autogenerate(conn, outbox.metadata))
-    assert "op.upgrade_outbox_table(1, 3)" in upgrade
+    assert f"op.upgrade_outbox_table(1, {CURRENT})" in upgrade
     assert "op.drop_column('outbox', 'note')" in upgrade
     assert upgrade.index("upgrade_outbox_table") < upgrade.index("drop_column")
     assert "ordering_key" not in upgrade
@@ -789,35 +934,40 @@ def test_compare_metadata_reports_the_missing_outbox_as_one_added_table(pg_empty
     kind, table = diffs[0]
     assert kind == "add_table"
     assert table.name == "outbox"
-    assert table.comment == "sqla-outbox schema 3"
+    assert table.comment == f"sqla-outbox schema {CURRENT}"
 
 
 def test_compare_metadata_reports_an_old_outbox(empty_engine: Engine) -> None:
     """compare_metadata on a version-1 table reports the move as the list of diffs it stands for
-    (one add_column per new column, one add_index per new index, over both steps), so `alembic
-    check` fails; on a version-2 table, the one new index."""
+    (one add_column per new column, one add_index per new index, over every step), so `alembic
+    check` fails; on a version-2 table, the new indexes and wake_at; on a version-3 table,
+    wake_at and its index."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table()
     with empty_engine.connect() as conn:
         [diffs] = compare(conn, outbox.metadata)
     kinds = [diff[0] for diff in diffs]
-    assert kinds.count("add_column") == 4
-    assert kinds.count("add_index") == 6
-    assert [diff[3].name for diff in diffs if diff[0] == "add_column"] == V2_COLUMNS
+    assert kinds.count("add_column") == 5
+    assert kinds.count("add_index") == 7
+    added_columns = [diff[3].name for diff in diffs if diff[0] == "add_column"]
+    assert added_columns == [*V2_COLUMNS, "wake_at"]
 
-    with empty_engine.begin() as conn:
-        operations(conn).upgrade_outbox_table(1, 2)
-    with empty_engine.connect() as conn:
-        [diffs] = compare(conn, outbox.metadata)
-    added = [diff[1].name for diff in diffs if diff[0] == "add_index"]
-    assert added == ["ix_outbox_published"]
-    assert "add_column" not in [diff[0] for diff in diffs]
+    def added_since(version: int) -> tuple[list[str], list[str]]:
+        with empty_engine.begin() as conn:
+            operations(conn).upgrade_outbox_table(version - 1, version)
+        with empty_engine.connect() as conn:
+            [diffs] = compare(conn, outbox.metadata)
+        columns = [diff[3].name for diff in diffs if diff[0] == "add_column"]
+        return columns, sorted(diff[1].name for diff in diffs if diff[0] == "add_index")
+
+    assert added_since(2) == (["wake_at"], ["ix_outbox_published", "ix_outbox_waking"])
+    assert added_since(3) == (["wake_at"], ["ix_outbox_waking"])
 
 
 def test_autogenerate_in_a_schema_renders_the_schema(pg_empty: Engine) -> None:
     """An outbox moved to schema "jobs" in the target metadata autogenerates as
-    op.create_outbox_table(version=3, schema='jobs') on an empty schema and as
-    op.upgrade_outbox_table(1, 3, schema='jobs') over a version-1 table there; schema= is
+    op.create_outbox_table(version=4, schema='jobs') on an empty schema and as
+    op.upgrade_outbox_table(1, 4, schema='jobs') over a version-1 table there; schema= is
     rendered only when there is one."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
@@ -826,18 +976,18 @@ def test_autogenerate_in_a_schema_renders_the_schema(pg_empty: Engine) -> None:
 
     with pg_empty.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, jobs_metadata, include_schemas=True))
-    assert "op.create_outbox_table(version=3, schema='jobs')" in upgrade
-    assert "op.drop_outbox_table(version=3, schema='jobs')" in downgrade
+    assert f"op.create_outbox_table(version={CURRENT}, schema='jobs')" in upgrade
+    assert f"op.drop_outbox_table(version={CURRENT}, schema='jobs')" in downgrade
 
     with pg_empty.begin() as conn:
         operations(conn).create_outbox_table(schema="jobs")
     with pg_empty.connect() as conn:
         upgrade, downgrade = rendered(autogenerate(conn, jobs_metadata, include_schemas=True))
-    assert "op.upgrade_outbox_table(1, 3, schema='jobs')" in upgrade
-    assert "op.upgrade_outbox_table(3, 1, schema='jobs')" in downgrade
+    assert f"op.upgrade_outbox_table(1, {CURRENT}, schema='jobs')" in upgrade
+    assert f"op.upgrade_outbox_table({CURRENT}, 1, schema='jobs')" in downgrade
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_autogenerate_writes_drop_outbox_table_when_removed(
     empty_engine: Engine, version: int
 ) -> None:
@@ -863,7 +1013,8 @@ def test_autogenerate_leaves_an_unrelated_outbox_table_alone(empty_engine: Engin
     app_metadata = MetaData()
     Table("outbox", app_metadata, Column("id", Integer, primary_key=True), Column("body", String))
     assert not alembic_ext.is_outbox_table(app_metadata.tables["outbox"])
-    assert alembic_ext.outbox_version(outbox.metadata.tables["outbox"]) == 3
+    assert alembic_ext.outbox_version(outbox.metadata.tables["outbox"]) == CURRENT
+    assert alembic_ext.outbox_version(build_table(3, MetaData())) == 3
     assert alembic_ext.outbox_version(build_table(2, MetaData())) == 2
     assert alembic_ext.outbox_version(build_table(1, MetaData())) == 1
 
@@ -881,8 +1032,8 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
 ) -> None:
     """`alembic revision --autogenerate` with examples/alembic's env.py (which only imports
     alembic_ext and lists outbox.metadata) writes a migration calling
-    op.create_outbox_table(version=3) that imports alembic_ext itself, next to
-    op.create_table('orders', ...)."""
+    op.create_outbox_table(version=4), the current version, that imports alembic_ext itself,
+    next to op.create_table('orders', ...)."""
     cfg = example_config(pg_url)
     cfg.set_main_option("version_locations", str(tmp_path))
     command.revision(cfg, message="initial", autogenerate=True, version_path=str(tmp_path))
@@ -890,8 +1041,8 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
     [migration] = tmp_path.glob("*.py")
     source = migration.read_text()
     assert "import alembic_ext" in source
-    assert "op.create_outbox_table(version=3)" in source
-    assert "op.drop_outbox_table(version=3)" in source
+    assert f"op.create_outbox_table(version={CURRENT})" in source
+    assert f"op.drop_outbox_table(version={CURRENT})" in source
     assert "op.create_table('orders'" in source
     assert "create_table('outbox'" not in source
     assert "create_index" not in source
@@ -900,9 +1051,9 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRequest) -> None:
     """examples/alembic end to end: `upgrade 0001` creates orders and a version-1 outbox,
-    `upgrade 0002` moves it to version 2, `upgrade head` (0003) to version 3, `alembic check` then
-    finds nothing to generate, and `downgrade base` goes back through versions 2 and 1 and
-    removes both tables."""
+    `upgrade 0002` moves it to version 2, `0003` to version 3, `upgrade head` (0004) to version
+    4, `alembic check` then finds nothing to generate, and `downgrade base` goes back through
+    versions 3, 2 and 1 and removes both tables."""
     url: URL = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     cfg = example_config(url)
     engine = create_engine(url)
@@ -917,11 +1068,17 @@ def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRe
         command.upgrade(cfg, "0002")
         with engine.connect() as conn:
             assert table_version(conn, table) == 2
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, "0003")
         with engine.connect() as conn:
             assert table_version(conn, table) == 3
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 4
         command.check(cfg)  # raises AutogenerateDiffsDetected on any pending change
 
+        command.downgrade(cfg, "0003")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 3
         command.downgrade(cfg, "0002")
         with engine.connect() as conn:
             assert table_version(conn, table) == 2
@@ -934,15 +1091,22 @@ def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRe
         engine.dispose()
 
 
-def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
-    """`alembic upgrade head --sql` through the example env prints the outbox's CREATE TABLE and
-    partial CREATE INDEX (0001, version 1), then 0002's ALTER TABLE ... ADD COLUMN and new
-    indexes, then 0003's index over the published rows, without connecting to any database."""
-    buffer = io.StringIO()
+def offline_example_config(buffer: io.StringIO) -> Config:
+    """A ``Config`` for ``examples/alembic`` in offline mode, its SQL written to ``buffer``: the
+    URL names PostgreSQL but no server that exists."""
     cfg = Config(str(EXAMPLE_INI), output_buffer=buffer)
     cfg.set_main_option("sqlalchemy.url", "postgresql+psycopg://nobody@invalid.invalid/none")
     cfg.attributes["configure_logging"] = False
-    command.upgrade(cfg, "head", sql=True)
+    return cfg
+
+
+def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
+    """`alembic upgrade head --sql` through the example env prints the outbox's CREATE TABLE and
+    partial CREATE INDEX (0001, version 1), then 0002's ALTER TABLE ... ADD COLUMN and new
+    indexes, then 0003's index over the published rows, then 0004's wake_at and its index,
+    without connecting to any database."""
+    buffer = io.StringIO()
+    command.upgrade(offline_example_config(buffer), "head", sql=True)
     sql = buffer.getvalue()
     assert "CREATE TABLE orders" in sql
     assert "CREATE TABLE outbox (" in sql
@@ -954,8 +1118,33 @@ def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
         "WHERE published_at IS NOT NULL"
     ) in sql
     assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 3'" in sql
+    assert "ALTER TABLE outbox ADD COLUMN wake_at TIMESTAMP WITH TIME ZONE" in sql
+    assert (
+        "CREATE INDEX IF NOT EXISTS ix_outbox_waking ON outbox (wake_at) WHERE wake_at IS NOT NULL"
+    ) in sql
+    assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 4'" in sql
     assert sql.index("CREATE TABLE outbox") < sql.index("ALTER TABLE outbox ADD COLUMN")
     assert sql.index("ix_outbox_claimable") < sql.index("ix_outbox_published")
+    assert sql.index("ix_outbox_published") < sql.index("ADD COLUMN wake_at")
+    assert "UPDATE outbox" not in sql  # only the way down changes rows
+
+
+def test_example_offline_downgrade_from_4_unparks_before_dropping() -> None:
+    """`alembic downgrade 0004:0003 --sql` through the example env (values inline, as its
+    offline mode writes them) prints 0004's way down as a DBA would run it: the UPDATE that
+    unparks the rows parked until due, then the index and the column dropped, then version 3's
+    comment."""
+    buffer = io.StringIO()
+    command.downgrade(offline_example_config(buffer), "0004:0003", sql=True)
+    sql = buffer.getvalue()
+    unpark = "UPDATE outbox SET parked=false WHERE outbox.wake_at IS NOT NULL;"
+    assert (
+        sql.index(unpark)
+        < sql.index("DROP INDEX ix_outbox_waking;")
+        < sql.index("ALTER TABLE outbox DROP COLUMN wake_at;")
+        < sql.index("COMMENT ON TABLE outbox IS 'sqla-outbox schema 3';")
+    )
+    assert "UPDATE alembic_version SET version_num='0003'" in sql
 
 
 # --- generated migrations run on their own, in fresh processes -------------------------------
@@ -1032,7 +1221,7 @@ def test_generated_migration_runs_under_an_env_without_alembic_ext(
     [migration] = (tmp_path / "generate" / "versions").glob("*.py")
     source = migration.read_text()
     assert "import alembic_ext" in source
-    assert "op.create_outbox_table(version=3)" in source
+    assert f"op.create_outbox_table(version={CURRENT})" in source
 
     upgrade = write_env(tmp_path / "upgrade", pg_url, import_alembic_ext=False)
     (tmp_path / "upgrade" / "versions" / migration.name).write_text(source)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
-from support import MakeRelay, wait_until
+from support import MakeRelay, ManualClock, wait_until
 
 import sqla_outbox as outbox
 from sqla_outbox.relay import IDLE_MAX
-from sqla_outbox.sweeping import SWEEP_INTERVAL
+from sqla_outbox.sweeping import SWEEP_INTERVAL, SweepClock
 
 
 def _listening(make_relay: MakeRelay, engine: Engine, **options: object) -> outbox.Relay:
@@ -103,6 +103,26 @@ def test_parked_rows_bring_the_sweep_back(pg_engine: Engine, make_relay: MakeRel
         conn.execute(update(row).where(row.id != head.id).values(parked=True))
     relay._sweep()  # nothing to unpark: the head is dead; resets the sweep clock
     assert relay._idle_wait() == SWEEP_INTERVAL
+
+
+def test_a_row_due_much_later_brings_a_sweep_that_parks_it(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """The only pending row is scheduled a day ahead: the idle loop does not sleep until it is
+    due (or IDLE_MAX) with the row in every claim's way; it sweeps once its sweep is due, which
+    parks the row until shortly before its time (sqla_outbox.waiting), and then waits as it does
+    while rows are parked."""
+    clock = ManualClock()
+    relay = _as_if_listening(make_relay, pg_engine)
+    relay._sweeps = SweepClock(clock)
+    with Session(pg_engine) as session:
+        outbox.enqueue(session, "tomorrow", run_at=dt.timedelta(days=1))
+        session.commit()
+    assert relay._idle_wait() == SWEEP_INTERVAL  # not swept yet: the sweep comes back
+    clock.now += SWEEP_INTERVAL
+    assert relay._idle_wait() == SWEEP_INTERVAL  # swept: parked until due
+    with Session(pg_engine) as session:
+        assert session.scalars(select(outbox.OutboxRow.parked)).one()
 
 
 def test_polling_relays_wait_poll_interval(pg_engine: Engine, make_relay: MakeRelay) -> None:

@@ -8,6 +8,7 @@ broker: the publisher fsyncs each id into it before returning, so a kill cannot 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 from support import recorded_ids
 
@@ -42,6 +43,51 @@ def test_sigkill_mid_batch_republishes_at_most_one_batch(engine: Engine, tmp_pat
     broker at least once, and the ids sent twice are at most one batch."""
     with Session(engine) as session, session.begin():
         staged = [outbox.enqueue(session, "ship", {"n": n}) for n in range(ROWS)]
+    sent, first_life = _kill_mid_batch_then_finish(engine, tmp_path)
+    assert set(sent) == {m.id for m in staged}
+    duplicates = [message_id for message_id, count in sent.items() if count > 1]
+    assert len(duplicates) <= BATCH
+    assert all(sent[message_id] == 2 for message_id in duplicates)
+    assert set(duplicates) <= set(first_life)
+
+
+def test_sigkill_with_rows_parked_until_due_loses_none_of_them(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The same kill with rows scheduled a day ahead staged before the due ones and parked by a
+    sweep (sqla_outbox.waiting): neither relay publishes them before their time, the survivor
+    finishes the due rows, and once the day has passed its sweep wakes them and each is
+    published exactly once."""
+    day_ahead = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
+    with Session(engine) as session, session.begin():
+        later = [outbox.enqueue(session, "remind", {"n": n}, run_at=day_ahead) for n in range(5)]
+    with Session(engine) as session, session.begin():
+        staged = [outbox.enqueue(session, "ship", {"n": n}) for n in range(ROWS)]
+    sweeper = outbox.Relay(engine, lambda message: None)
+    assert sweeper._statements.sweep().parked == len(later)
+    sweeper.close()
+
+    sent, _first_life = _kill_mid_batch_then_finish(engine, tmp_path, waiting=len(later))
+    assert set(sent) == {m.id for m in staged}
+
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    with engine.begin() as conn:  # the day has passed
+        row = outbox.OutboxRow
+        conn.execute(update(row).where(row.job == "remind").values(run_at=past, wake_at=past))
+    reminded: list[uuid.UUID] = []
+    survivor = outbox.Relay(engine, lambda message: reminded.append(message.id))
+    assert survivor.drain().published == len(later)
+    survivor.close()
+    assert Counter(reminded) == Counter(m.id for m in later)
+    assert not set(reminded) & set(sent)
+
+
+def _kill_mid_batch_then_finish(
+    engine: Engine, tmp_path: Path, *, waiting: int = 0
+) -> tuple[Counter[uuid.UUID], list[uuid.UUID]]:
+    """Run ``sqla-outbox relay`` on the due rows, SIGKILL it mid-batch, then drain with a
+    second relay until only the ``waiting`` rows (not due) are unpublished. Returns how many
+    times each id reached the broker, and the ids the killed relay sent."""
     record = tmp_path / "published.txt"
     env = {
         key: value
@@ -90,10 +136,11 @@ def test_sigkill_mid_batch_republishes_at_most_one_batch(engine: Engine, tmp_pat
         # The dead relay's claim blocks its rows until the lease lapses; poll, bounded.
         def drained() -> bool:
             survivor.drain()
-            return survivor.pending() == 0
+            return survivor.pending() == waiting
 
         wait_for(drained, LEASE * 5, "the survivor to take over the dead relay's rows")
     finally:
+        survivor.close()
         if survivor.engine is not engine:
             survivor.engine.dispose()
 
@@ -103,10 +150,5 @@ def test_sigkill_mid_batch_republishes_at_most_one_batch(engine: Engine, tmp_pat
             .select_from(outbox.OutboxRow)
             .where(outbox.OutboxRow.published_at.is_(None))
         )
-    assert unpublished == 0
-    sent = Counter(recorded_ids(record) + survivor_sent)
-    assert set(sent) == {m.id for m in staged}
-    duplicates = [message_id for message_id, count in sent.items() if count > 1]
-    assert len(duplicates) <= BATCH
-    assert all(sent[message_id] == 2 for message_id in duplicates)
-    assert set(duplicates) <= set(first_life)
+    assert unpublished == waiting
+    return Counter(recorded_ids(record) + survivor_sent), first_life

@@ -246,22 +246,25 @@ def bare_url(request: pytest.FixtureRequest) -> URL:
 
 
 def test_purge_refuses_a_missing_or_version_2_table(bare_url: URL) -> None:
-    """Without a table purge raises MissingTableError naming op.create_outbox_table(version=3);
-    on a version-2 table (no index to purge by) SchemaVersionError naming
-    op.upgrade_outbox_table(2, 3), deleting nothing."""
+    """Without a table purge raises MissingTableError naming op.create_outbox_table(version=4),
+    the current version; on a version-2 table (no index to purge by) SchemaVersionError naming
+    op.upgrade_outbox_table(2, 4), deleting nothing."""
     from alembic.operations import Operations  # noqa: PLC0415 - only this test migrates
     from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
 
     import alembic_ext  # noqa: F401, PLC0415 - registers op.create_outbox_table
 
+    current = outbox.SCHEMA_VERSION
     engine = create_engine(bare_url)
     try:
-        with pytest.raises(outbox.MissingTableError, match=r"create_outbox_table\(version=3\)"):
+        create = rf"create_outbox_table\(version={current}\)"
+        with pytest.raises(outbox.MissingTableError, match=create):
             outbox.purge(engine, older_than=WEEK)
         with engine.begin() as conn:
             op: Any = Operations(MigrationContext.configure(conn))
             op.create_outbox_table(version=2)
-        with pytest.raises(outbox.SchemaVersionError, match=r"upgrade_outbox_table\(2, 3\)"):
+        upgrade = rf"upgrade_outbox_table\(2, {current}\)"
+        with pytest.raises(outbox.SchemaVersionError, match=upgrade):
             outbox.purge(engine, older_than=WEEK)
     finally:
         engine.dispose()
@@ -438,7 +441,7 @@ def test_cli_purge_on_a_version_2_table_names_the_migration(
     sqlite_url: URL, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Against a version-2 table the command exits 1 with the one sentence naming
-    op.upgrade_outbox_table(2, 3)."""
+    op.upgrade_outbox_table(2, 4), the move to the current version."""
     from alembic.operations import Operations  # noqa: PLC0415 - only this test migrates
     from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
 
@@ -452,7 +455,7 @@ def test_cli_purge_on_a_version_2_table_names_the_migration(
     assert main(["purge", "--url", str(sqlite_url), "--older-than", "7d"]) == 1
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("Error: Table 'outbox' is schema version 2;")
-    assert "op.upgrade_outbox_table(2, 3)" in line
+    assert f"op.upgrade_outbox_table(2, {outbox.SCHEMA_VERSION})" in line
 
 
 def test_cli_relay_retain_published_purges_while_idle(engine: Engine, tmp_path: Path) -> None:

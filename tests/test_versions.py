@@ -3,7 +3,8 @@ database's version read back, and an older table refused with the migration that
 
 The released definitions are copied below *literally*, as the declarative classes they were
 released as (version 1: ``git show 70e9b84~1:sqla_outbox/model.py``; version 2: as first written
-for the ordering/dead-letter release; version 3: as first written for the retention release).
+for the ordering/dead-letter release; version 3: as first written for the retention release;
+version 4: as first written for the release that parks rows until they are due).
 They are the record the frozen versions in :mod:`sqla_outbox.versions` must keep matching: never
 update them to follow the code.
 Database tests run on a fresh PostgreSQL database and SQLite file each.
@@ -57,13 +58,25 @@ from sqla_outbox.schema_errors import (
 
 DIALECTS = {"postgresql": postgresql.dialect(), "sqlite": sqlite.dialect()}
 
-PG_FIX = (
-    "Table 'public.outbox' is schema version 1; this sqla-outbox needs version 3. Add a "
-    "migration with op.upgrade_outbox_table(1, 3) and run alembic upgrade head."
-)
+CURRENT = versions.SCHEMA_VERSION
+"""The version this release needs: the one every fix names as the target."""
+
+
+def pg_fix(found: int) -> str:
+    """The sentence the start-up check raises on PostgreSQL for a table of version ``found``."""
+    return (
+        f"Table 'public.outbox' is schema version {found}; this sqla-outbox needs version "
+        f"{CURRENT}. Add a migration with op.upgrade_outbox_table({found}, {CURRENT}) and run "
+        "alembic upgrade head."
+    )
+
+
+PG_FIX = pg_fix(1)
 SQLITE_FIX = PG_FIX.replace("'public.outbox'", "'outbox'")
-PG_FIX_2 = PG_FIX.replace("version 1;", "version 2;").replace("(1, 3)", "(2, 3)")
+PG_FIX_2 = pg_fix(2)
 SQLITE_FIX_2 = PG_FIX_2.replace("'public.outbox'", "'outbox'")
+PG_FIX_3 = pg_fix(3)
+SQLITE_FIX_3 = PG_FIX_3.replace("'public.outbox'", "'outbox'")
 
 # --- the released definitions, copied literally ------------------------------------------------
 
@@ -228,6 +241,68 @@ class WrittenV3(_WrittenV3Base):
     parked: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
+class _WrittenV4Base(DeclarativeBase):
+    metadata = MetaData()
+
+
+class WrittenV4(_WrittenV4Base):
+    """Version 4 as first written (version 3 plus the column wake_at and one partial index over
+    the rows that have one)."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        PrimaryKeyConstraint("id", name="pk_outbox"),
+        Index(
+            "ix_outbox_unpublished",
+            "staged_at",
+            "id",
+            postgresql_where=text("published_at IS NULL"),
+            sqlite_where=text("published_at IS NULL"),
+        ),
+        _partial(
+            "ix_outbox_claimable",
+            "published_at IS NULL AND dead_at IS NULL AND NOT parked",
+            "staged_at",
+            "id",
+        ),
+        _partial(
+            "ix_outbox_key",
+            "published_at IS NULL AND ordering_key IS NOT NULL",
+            "ordering_key",
+            "staged_at",
+            "id",
+        ),
+        _partial("ix_outbox_failing", "published_at IS NULL AND attempts > 0", "staged_at", "id"),
+        _partial("ix_outbox_parked_group", "parked", "staged_at"),
+        _partial("ix_outbox_parked_key", "parked", "ordering_key"),
+        _partial("ix_outbox_published", "published_at IS NOT NULL", "published_at"),
+        _partial("ix_outbox_waking", "wake_at IS NOT NULL", "wake_at"),
+        {"comment": "sqla-outbox schema 4"},
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid(), primary_key=True)
+    job: Mapped[str] = mapped_column(String(255))
+    queue: Mapped[str] = mapped_column(String(255), server_default="default")
+    input: Mapped[Any] = mapped_column(_JSON)
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("3"))
+    run_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    staged_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    tenant_id: Mapped[str | None] = mapped_column(String(255))
+    traceparent: Mapped[str | None] = mapped_column(String(55))
+    enqueued_by: Mapped[str | None] = mapped_column(String(255))
+    claimed_by: Mapped[str | None] = mapped_column(String(255))
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    published_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    ordering_key: Mapped[str | None] = mapped_column(String(255))
+    retry_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    dead_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    parked: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    wake_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+
+
 def table_of(mapped: type[DeclarativeBase]) -> Table:
     """The ``Table`` a declarative class maps."""
     table = mapped.__table__
@@ -316,20 +391,53 @@ def test_version_2_is_as_written() -> None:
     assert built.comment == "sqla-outbox schema 2"
 
 
-def test_version_3_is_the_mapped_table_and_as_written() -> None:
-    """OutboxRow maps version 3 exactly (the version this release needs), and version 3 is what
-    was written for it: version 2's columns unchanged, plus the partial index
-    ix_outbox_published over published_at where published_at IS NOT NULL, and the comment
+def test_version_3_is_as_written() -> None:
+    """Version 3 is what was written for it: version 2's columns unchanged, plus the partial
+    index ix_outbox_published over published_at where published_at IS NOT NULL, and the comment
     recording the version."""
-    assert outbox.SCHEMA_VERSION == versions.SCHEMA_VERSION == 3
     built = versions.build_table(3, MetaData())
-    assert layout(MAPPED) == layout(built)
     assert layout(built) == layout(table_of(WrittenV3))
     assert versions.column_names(3) == versions.column_names(2)
     assert versions.STEPS[3].index_names() == ("ix_outbox_published",)
-    assert MAPPED.comment == "sqla-outbox schema 3"
+    assert built.comment == "sqla-outbox schema 3"
+
+
+def test_version_4_is_the_mapped_table_and_as_written() -> None:
+    """OutboxRow maps version 4 exactly (the version this release needs), and version 4 is what
+    was written for it: version 3's columns unchanged plus the nullable timestamp wake_at, the
+    partial index ix_outbox_waking over wake_at where wake_at IS NOT NULL, and the comment
+    recording the version."""
+    assert outbox.SCHEMA_VERSION == versions.SCHEMA_VERSION == 4
+    built = versions.build_table(4, MetaData())
+    assert layout(MAPPED) == layout(built)
+    assert layout(built) == layout(table_of(WrittenV4))
+    assert versions.column_names(4) == (*versions.column_names(3), "wake_at")
+    assert versions.STEPS[4].index_names() == ("ix_outbox_waking",)
+    assert built.c.wake_at.nullable
+    assert isinstance(built.c.wake_at.type, UTCDateTime)
+    assert MAPPED.comment == "sqla-outbox schema 4"
     assert MAPPED.metadata is outbox.metadata
     assert outbox.metadata.tables[outbox.TABLE_NAME] is MAPPED
+
+
+def test_only_version_4_changes_rows_before_its_removal() -> None:
+    """Going down from version 4, the rows parked until they are due are unparked first (version
+    3 has no wake_at, so nothing would ever wake them): the statement, pinned on both dialects,
+    sets parked to false on exactly the rows with a wake_at. Dropping any earlier step's columns
+    or indexes is enough by itself."""
+    step = versions.STEPS[4]
+    assert step.before_removal is not None
+    statement = step.before_removal(versions.build_table(4, MetaData()))
+    assert isinstance(statement, sa.Update)
+    compiled = {
+        name: str(statement.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+        for name, dialect in DIALECTS.items()
+    }
+    assert compiled == {
+        "postgresql": "UPDATE outbox SET parked=false WHERE outbox.wake_at IS NOT NULL",
+        "sqlite": "UPDATE outbox SET parked=0 WHERE outbox.wake_at IS NOT NULL",
+    }
+    assert [v for v in versions.VERSIONS if versions.STEPS[v].before_removal] == [4]
 
 
 def test_each_version_is_the_one_before_plus_its_step() -> None:
@@ -363,18 +471,20 @@ def test_build_table_makes_new_objects_in_any_schema() -> None:
     assert list(outbox.metadata.tables) == ["outbox"]
 
 
-@pytest.mark.parametrize("version", [0, 4, "2", True, None])
+@pytest.mark.parametrize("version", [0, 5, "2", True, None])
 def test_unknown_versions_are_refused(version: Any) -> None:
     """A version that was never released is a ConfigurationError naming the argument, the value
     and the versions that exist."""
-    with pytest.raises(outbox.ConfigurationError, match=r"version must be .*\(1, 2, 3\), got "):
+    known = r"version must be .*\(1, 2, 3, 4\), got "
+    with pytest.raises(outbox.ConfigurationError, match=known):
         versions.build_table(version, MetaData())
 
 
 def test_reading_versions_from_comments_and_layouts() -> None:
     """version_from_comment reads only the library's own comment; version_of_layout gives the
     newest version reached step by step: a step that adds columns by its columns, one that adds
-    only indexes (version 3) by its indexes; version_added names the version of a column."""
+    only indexes (version 3) by its indexes, so version 4's column counts only once version 3's
+    index is there too; version_added names the version of a column."""
     assert versions.version_from_comment("sqla-outbox schema 2") == 2
     assert versions.version_from_comment("sqla-outbox schema 7") == 7
     assert versions.version_from_comment("orders to publish") is None
@@ -385,10 +495,14 @@ def test_reading_versions_from_comments_and_layouts() -> None:
     assert versions.version_of_layout([*v2, "note"], ["ix_outbox_unpublished"]) == 2
     assert versions.version_of_layout(v2, ["ix_outbox_published"]) == 3
     assert versions.version_of_layout(v1, ["ix_outbox_published"]) == 1
+    assert versions.version_of_layout([*v2, "wake_at"], ["ix_outbox_published"]) == 4
+    assert versions.version_of_layout([*v2, "wake_at"], ["ix_outbox_waking"]) == 2
+    assert versions.version_of_layout(v2, ["ix_outbox_published", "ix_outbox_waking"]) == 3
     assert versions.version_of_layout([*v1, "ordering_key"]) == 1
     assert versions.version_of_layout(["id", "job"]) is None
     assert versions.version_added("parked") == 2
     assert versions.version_added("job") == 1
+    assert versions.version_added("wake_at") == 4
     assert versions.version_added("nope") is None
 
 
@@ -410,6 +524,18 @@ def v1_engine(bare_url: URL) -> Iterator[Engine]:
     with engine.begin() as conn:
         ops: Any = Operations(MigrationContext.configure(conn))
         ops.create_outbox_table()
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def v3_engine(bare_url: URL) -> Iterator[Engine]:
+    """An engine on a database whose outbox is version 3, made by op.create_outbox_table(
+    version=3) in a migration written for the retention release."""
+    engine = create_engine(bare_url)
+    with engine.begin() as conn:
+        ops: Any = Operations(MigrationContext.configure(conn))
+        ops.create_outbox_table(version=3)
     yield engine
     engine.dispose()
 
@@ -438,7 +564,8 @@ def upgrade(
 def test_table_version_reads_the_database(bare_url: URL) -> None:
     """table_version is None without a table, 1 for the table a bare op.create_outbox_table()
     makes, 2 after op.upgrade_outbox_table(1, 2), 3 after op.upgrade_outbox_table(2, 3) (on
-    SQLite, from the index alone) and for outbox.metadata.create_all()."""
+    SQLite, from the index alone), 4 after op.upgrade_outbox_table(3, 4), and the current
+    version for outbox.metadata.create_all()."""
     engine = create_engine(bare_url)
     try:
         with engine.connect() as conn:
@@ -454,10 +581,13 @@ def test_table_version_reads_the_database(bare_url: URL) -> None:
         upgrade(engine, 2, 3)
         with engine.connect() as conn:
             assert versions.table_version(conn, MAPPED) == 3
+        upgrade(engine, 3, 4)
+        with engine.connect() as conn:
+            assert versions.table_version(conn, MAPPED) == 4
         outbox.metadata.drop_all(engine)
         outbox.metadata.create_all(engine)
         with engine.connect() as conn:
-            assert versions.table_version(conn, MAPPED) == 3
+            assert versions.table_version(conn, MAPPED) == CURRENT
     finally:
         engine.dispose()
 
@@ -473,7 +603,7 @@ def test_table_version_reads_the_comment_first_on_postgresql(pg_engine: Engine) 
     with pg_engine.begin() as conn:
         conn.execute(text("COMMENT ON TABLE outbox IS 'the outbox of the shop'"))
     with pg_engine.connect() as conn:
-        assert versions.table_version(conn, MAPPED) == 3
+        assert versions.table_version(conn, MAPPED) == CURRENT
         elsewhere = conn.execution_options(schema_translate_map={None: "jobs"})
         assert versions.table_version(elsewhere, MAPPED) is None
 
@@ -485,7 +615,7 @@ def test_relay_check_on_a_version_1_table_names_the_upgrade(
     v1_engine: Engine, make_relay: MakeRelay
 ) -> None:
     """Relay.check() (and preflight.check_outbox_table under it) on a version-1 table raises
-    SchemaVersionError with the sentence naming op.upgrade_outbox_table(1, 3) and the table;
+    SchemaVersionError with the sentence naming op.upgrade_outbox_table(1, 4) and the table;
     after that migration the check passes."""
     expected = PG_FIX if v1_engine.dialect.name == "postgresql" else SQLITE_FIX
     relay = make_relay(v1_engine, lambda message: None)
@@ -504,22 +634,40 @@ def test_relay_check_on_a_version_2_table_names_the_upgrade(
     v2_engine: Engine, make_relay: MakeRelay
 ) -> None:
     """Relay.check() on a version-2 table raises SchemaVersionError naming
-    op.upgrade_outbox_table(2, 3), on PostgreSQL from the comment and on SQLite from the missing
-    index (the two versions have the same columns); after that migration the check passes."""
+    op.upgrade_outbox_table(2, 4), on PostgreSQL from the comment and on SQLite from the missing
+    index of version 3 (which adds no column); after that migration the check passes."""
     expected = PG_FIX_2 if v2_engine.dialect.name == "postgresql" else SQLITE_FIX_2
     relay = make_relay(v2_engine, lambda message: None)
     with pytest.raises(outbox.SchemaVersionError) as caught:
         relay.check()
     assert str(caught.value) == expected
 
-    upgrade(v2_engine, 2, 3)
+    upgrade(v2_engine, 2, 4)
+    relay.check()
+
+
+def test_relay_check_on_a_version_3_table_names_the_upgrade(
+    v3_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Relay.check() on a version-3 table raises SchemaVersionError naming
+    op.upgrade_outbox_table(3, 4): the relay's sweep parks rows in wake_at, which version 3 lacks
+    (on PostgreSQL read from the comment, on SQLite from the missing column); after that
+    migration the check passes."""
+    expected = PG_FIX_3 if v3_engine.dialect.name == "postgresql" else SQLITE_FIX_3
+    relay = make_relay(v3_engine, lambda message: None)
+    with pytest.raises(outbox.SchemaVersionError) as caught:
+        relay.check()
+    assert str(caught.value) == expected
+
+    upgrade(v3_engine, 3, 4)
     relay.check()
 
 
 def test_enqueue_on_a_version_2_table_still_commits(v2_engine: Engine) -> None:
-    """Version 3 adds only an index, which enqueue does not need: on a version-2 table a staged
-    message still commits (an application upgraded before its migration keeps working), and the
-    relay's start-up check is what names the migration."""
+    """Version 3 adds only an index and version 4 a column only relays write, neither of which
+    enqueue needs: on a version-2 table a staged message still commits (an application upgraded
+    before its migration keeps working), and the relay's start-up check is what names the
+    migration."""
     with Session(v2_engine) as session:
         outbox.enqueue(session, "send_receipt", {"order_id": 1}, ordering_key="order-1")
         session.commit()
@@ -527,9 +675,49 @@ def test_enqueue_on_a_version_2_table_still_commits(v2_engine: Engine) -> None:
         assert conn.execute(text("SELECT ordering_key FROM outbox")).scalar_one() == "order-1"
 
 
+def test_on_a_version_3_table_enqueue_commits_and_wake_at_names_the_upgrade(
+    v3_engine: Engine,
+) -> None:
+    """On a version-3 table a staged message still commits (enqueue never writes wake_at), while
+    a statement that reaches wake_at, as a relay's sweep does, raises SchemaVersionError naming
+    op.upgrade_outbox_table(3, 4) instead of the driver's "column does not exist"."""
+    with Session(v3_engine) as session:
+        outbox.enqueue(session, "send_receipt", {"order_id": 1})
+        session.commit()
+    expected = SQLITE_FIX_3  # the table as the statement names it: no catalog read
+    with v3_engine.connect() as conn:
+        assert conn.execute(text("SELECT job FROM outbox")).scalar_one() == "send_receipt"
+        with pytest.raises(outbox.SchemaVersionError) as caught, raise_if_outdated_table(conn):
+            conn.execute(sa.select(MAPPED.c.wake_at))
+    assert str(caught.value) == expected
+
+
+def _purge_one_old_row(engine: Engine) -> int:
+    """Enqueue one message, mark it published 30 days ago, purge what is older than 7 days."""
+    with Session(engine) as session:
+        outbox.enqueue(session, "old", {"n": 1})
+        session.commit()
+    month_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)
+    with engine.begin() as conn:
+        conn.execute(sa.update(MAPPED).values(published_at=month_ago))
+    return outbox.purge(engine, older_than=dt.timedelta(days=7))
+
+
+def test_purge_runs_on_a_version_3_table(v3_engine: Engine) -> None:
+    """purge() reads only ix_outbox_published (version 3) and published rows: a version-3
+    table is purged as the current one is, though relays need version 4."""
+    assert _purge_one_old_row(v3_engine) == 1
+
+
+def test_purge_refuses_a_version_2_table(v2_engine: Engine) -> None:
+    """On a version-2 table (no ix_outbox_published) purge() names the upgrade."""
+    with pytest.raises(outbox.SchemaVersionError, match=r"upgrade_outbox_table\(2, 4\)"):
+        _purge_one_old_row(v2_engine)
+
+
 def test_enqueue_on_a_version_1_table_names_the_upgrade(v1_engine: Engine) -> None:
     """enqueue + commit on a version-1 table raises SchemaVersionError naming
-    op.upgrade_outbox_table(1, 3) (not the driver's "column does not exist"), and writes
+    op.upgrade_outbox_table(1, 4) (not the driver's "column does not exist"), and writes
     nothing; after the migration the same enqueue commits."""
     expected = PG_FIX if v1_engine.dialect.name == "postgresql" else SQLITE_FIX
     expected = expected.replace("'public.outbox'", "'outbox'")  # no catalog read at commit
@@ -559,7 +747,7 @@ def test_only_columns_of_later_versions_mean_an_old_table(v1_engine: Engine) -> 
     and let any other error through unchanged."""
     table = versions.build_table(2, MetaData())
     with v1_engine.connect() as conn:
-        fix = r"upgrade_outbox_table\(1, 3\)"
+        fix = rf"upgrade_outbox_table\(1, {CURRENT}\)"
         with pytest.raises(outbox.SchemaVersionError, match=fix), raise_if_outdated_table(conn):
             conn.execute(sa.select(table.c.parked))
         conn.rollback()
@@ -576,11 +764,12 @@ def test_only_columns_of_later_versions_mean_an_old_table(v1_engine: Engine) -> 
 
 
 def test_missing_table_names_the_versioned_create(bare_url: URL, make_relay: MakeRelay) -> None:
-    """Without the table, the start-up check names op.create_outbox_table(version=3): a bare
-    call would create version 1, which this release refuses."""
+    """Without the table, the start-up check names op.create_outbox_table(version=4), the
+    current version: a bare call would create version 1, which this release refuses."""
     engine = create_engine(bare_url)
+    fix = rf"create_outbox_table\(version={CURRENT}\)"
     try:
-        with pytest.raises(outbox.MissingTableError, match=r"create_outbox_table\(version=3\)"):
+        with pytest.raises(outbox.MissingTableError, match=fix):
             make_relay(engine, lambda message: None).check()
     finally:
         engine.dispose()

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, CursorResult, Engine, Executable
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import queries
+from sqla_outbox import queries, waiting
 from sqla_outbox.claims import Claimed, WriteBack, next_window
 from sqla_outbox.listener import NotificationListener
 from sqla_outbox.liveness import Liveness
@@ -35,6 +35,7 @@ from sqla_outbox.model import as_utc
 from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.retries import RetryPolicy
 from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.sweeping import Swept
 
 __all__ = ["SWEEP_LIMIT", "SqlStore"]
 
@@ -95,6 +96,8 @@ class SqlStore:
         self._fail = queries.fail_stmt(dialect)
         self._renew = queries.renew_stmt(dialect)
         self._sweep = queries.sweep_parked_stmt(dialect)
+        self._park_waiting = queries.park_waiting_stmt(dialect)
+        self._wake = queries.wake_stmt(dialect)
         self._idle = queries.idle_stmt(dialect)
 
     def listener(self, wake: Callable[[], None], relay_id: str) -> NotificationListener | None:
@@ -145,12 +148,15 @@ class SqlStore:
 
     def _params(self, **params: Any) -> dict[str, Any]:
         """``params`` with the instants a statement compares with: ``now`` and, for a claim,
-        ``cutoff`` (``now - lease``), both computed here in UTC. (PostgreSQL's store uses the
-        server's clock instead.)"""
+        ``cutoff`` (``now - lease``), for a sweep ``park_after`` and ``wake_before``, all
+        computed here in UTC. (PostgreSQL's store uses the server's clock instead.)"""
         now = dt.datetime.now(dt.timezone.utc)
         params["now"] = now
         if "lease" in params:
             params["cutoff"] = now - params.pop("lease")
+        if "park_ahead" in params:  # a sweep's (see queries.park_waiting_stmt)
+            params["park_after"] = now + params.pop("park_ahead")
+            params["wake_before"] = now + params.pop("wake_ahead")
         return params
 
     def _rows(self, result: CursorResult[Any]) -> Sequence[Any]:
@@ -286,11 +292,30 @@ class SqlStore:
         due_in = None if not times else max(0.0, (min(map(as_utc, times)) - now).total_seconds())
         return due_in, bool(row.parked)
 
-    def sweep(self) -> int:
-        """Unpark rows that nothing stuck holds back any more; how many."""
-        with self._transaction(statements=1) as conn:
-            params = self._params(limit=SWEEP_LIMIT)
-            return self._execute(conn, self._sweep, params).rowcount
+    def sweep(self) -> Swept:
+        """Unpark rows that nothing stuck holds back any more, wake the rows parked until due
+        that are due soon, and park those due much later at the head of the claim's index
+        (:mod:`sqla_outbox.waiting`): three statements, one transaction."""
+        params = self._sweep_params()
+        with self._transaction(statements=3) as conn:
+            unparked = self._execute(conn, self._sweep, params).rowcount
+            # Parking before waking, as in PostgreSQL's one statement: a row is never parked
+            # by the sweep that woke it.
+            parked = self._park_waiting_rows(conn, params)
+            woken = self._execute(conn, self._wake, params).rowcount
+        return Swept(unparked, woken, parked)
+
+    def _park_waiting_rows(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Park the rows not due for a while at the head of the claim's index; how many."""
+        return self._execute(conn, self._park_waiting, params).rowcount
+
+    def _sweep_params(self) -> dict[str, Any]:
+        return self._params(
+            limit=SWEEP_LIMIT,
+            head=waiting.HEAD_ROWS,
+            park_ahead=waiting.PARK_AHEAD,
+            wake_ahead=waiting.WAKE_AHEAD,
+        )
 
     # -- connections -----------------------------------------------------------------------------
 

@@ -11,6 +11,11 @@ indexes or LISTEN), so the claim is a short transaction of statements rather tha
    not locked here is left, and parked when that row is stuck);
 4. park and stamp the rows by primary key; COMMIT releases the locks.
 
+A mark unparking what it freed, and a sweep parking rows not due yet
+(:mod:`sqla_outbox.waiting`), read those rows with a plain read first and change them by
+primary key, for the same reason: locks only on the rows they change (a derived table in the
+UPDATE was read with shared locks, on which two relays deadlocked).
+
 Why it keeps the promises: the locks taken in step 2 last until the commit, so no other relay
 can take or stamp those rows meanwhile; a row another relay has locked but not stamped yet is
 unpublished and not ours, so the guard counts it as a holder, exactly like a stamped one. The
@@ -24,6 +29,7 @@ poll (no LISTEN); a commit in the relay's own process still wakes it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -47,6 +53,9 @@ class MySQLStore(SqlStore):
         self._plan = queries.plan_stmt(dialect, order)
         self._stamp = queries.stamp_stmt(dialect)
         self._park_rows = queries.park_rows_stmt(dialect)
+        self._waiting_head = queries.waiting_head_stmt(dialect)
+        self._parked_behind = queries.parked_behind_stmt(dialect)
+        self._unpark_rows = queries.unpark_rows_stmt(dialect)
 
     def _claim_once(self, token: str, carried: WriteBack | None, params: dict[str, Any]) -> Claimed:
         now = params["now"]
@@ -69,6 +78,24 @@ class MySQLStore(SqlStore):
         claimed.parked = len(park)
         claimed.held = len(leave)
         return claimed
+
+    def _mark_rows(self, conn: Connection, token: str, ids: list[uuid.UUID]) -> None:
+        """Mark ``ids`` published, then read what they held back and unpark it by primary key
+        (see :func:`~sqla_outbox.queries.parked_behind_stmt`)."""
+        result = conn.execute(self._mark, self._params(token=token, ids=ids))
+        self._check(token, "mark", expected=len(ids), touched=result.rowcount)
+        behind = list(conn.scalars(self._parked_behind, {"ids": ids}))
+        if behind:
+            conn.execute(self._unpark_rows, {"ids": behind})
+
+    def _park_waiting_rows(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Read the rows to park, then park them by primary key: a plain read locks nothing,
+        where the head as a derived table of the UPDATE was read with shared locks on which the
+        relays' marks deadlocked (see :func:`~sqla_outbox.queries.waiting_head_stmt`)."""
+        ids = list(conn.scalars(self._waiting_head, params))
+        if not ids:
+            return 0
+        return conn.execute(self._park_waiting, {**params, "ids": ids}).rowcount
 
     @contextmanager
     def _transaction(self, statements: int) -> Iterator[Connection]:

@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Engine, Executable, Select, Update, text
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.stores.base import SqlStore
+from sqla_outbox.sweeping import Swept
 from sqla_outbox.trimming import Trimming
 
 __all__ = ["PostgresStore"]
@@ -61,6 +62,7 @@ class PostgresStore(SqlStore):
         self._crowded = False
         self._trimming = Trimming()
         self._settle = queries.settle_stmt()
+        self._sweep_all = queries.sweep_stmt()
         self._session_before: dict[str, Any] = {}
 
     def can_carry(self, write_back: WriteBack) -> bool:
@@ -73,6 +75,12 @@ class PostgresStore(SqlStore):
 
     def _retry_params(self, now: dt.datetime, backoff: dt.timedelta) -> dict[str, Any]:
         return {"delay": backoff}
+
+    def sweep(self) -> Swept:
+        """The whole sweep as one statement (:func:`~sqla_outbox.queries.sweep_stmt`)."""
+        with self._transaction(statements=1) as conn:
+            counts = self._rows(self._execute(conn, self._sweep_all, self._sweep_params()))[0]
+        return Swept(*counts)
 
     # -- claim ---------------------------------------------------------------------------------
 

@@ -51,7 +51,13 @@ class PsycopgStore(PostgresStore):
         self._tolerant = False
         """Claims decode ``jsonb`` tolerantly (see the module docs): since one could not."""
         self._unclaim = queries.unclaim_stmt()
-        statements = (*self._claims.values(), self._mark, self._renew, self._sweep, self._settle)
+        statements = (
+            *self._claims.values(),
+            self._mark,
+            self._renew,
+            self._sweep_all,
+            self._settle,
+        )
         self._precompiled = {
             id(statement): driver_sql.precompile(statement, engine.dialect)
             for statement in statements

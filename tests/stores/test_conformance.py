@@ -653,3 +653,86 @@ def test_relays_that_never_go_idle_still_sweep_a_parked_row(
     assert (
         published.index(head.id) < published.index(keyed[1][0].id) < published.index(keyed[2][0].id)
     )
+
+
+# --- rows not due yet (sqla_outbox.waiting) ------------------------------------------------------
+
+
+def test_two_relays_park_rows_not_due_and_publish_each_once_when_its_time_comes(
+    store_engine: Engine, make_relay: MakeRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two started relays sweeping every 20 ms over 60 transactions of three (keys spread as
+    :func:`mixed_key`), the middle message of each scheduled a day ahead, and five keys headed
+    by a row in a day's retry backoff with a due row behind it. Their sweeps park the scheduled
+    and backing-off rows; they publish every due message once and in order, and none of the
+    rest. Then the day passes while they run: their sweeps wake the rest, and every message is
+    published exactly once, the scheduled ones after their transactions' earlier rows, each
+    row behind a backoff after it."""
+    monkeypatch.setattr(sweeping, "SWEEP_INTERVAL", 0.02)
+    day = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
+    transactions = []
+    for t in range(60):
+        with transaction(store_engine) as session:
+            transactions.append(
+                [
+                    outbox.enqueue(
+                        session,
+                        "ship",
+                        {"t": t, "n": n},
+                        ordering_key=mixed_key(t, n),
+                        run_at=day if n == 1 else None,
+                    )
+                    for n in range(3)
+                ]
+            )
+    heads = [stage_inputs(store_engine, "head", [n], ordering_key=f"b{n}")[0] for n in range(5)]
+    behind = [stage_inputs(store_engine, "behind", [n], ordering_key=f"b{n}")[0] for n in range(5)]
+    table = outbox.OutboxRow
+    with store_engine.begin() as conn:  # each head failed once and waits a day
+        conn.execute(
+            update(table)
+            .where(table.id.in_([m.id for m in heads]))
+            .values(attempts=1, last_error="refused", retry_at=day)
+        )
+    later = {messages[1].id for messages in transactions} | {m.id for m in heads}
+    due = [m for messages in transactions for m in messages if m.id not in later]
+
+    def parked_until_due() -> bool:
+        with Session(store_engine) as session:
+            waiting = select(func.count()).where(table.wake_at.is_not(None), table.parked)
+            return session.execute(waiting.select_from(table)).scalar_one() == len(later)
+
+    ledger = Ledger(expected=len(due))
+    relays = [
+        make_relay(store_engine, ledger_publisher(ledger, name), batch_size=7, poll_interval=0.01)
+        for name in ("relay-1", "relay-2")
+    ]
+    with running(relays):
+        wait_until(ledger.all_in.is_set, "every due message")
+        wait_until(parked_until_due, "the rows not due parked until their time")
+        assert set(ledger.ids()) == {m.id for m in due}
+        past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+        with store_engine.begin() as conn:  # the day passes
+            chosen = table.id.in_(later)
+            conn.execute(update(table).where(chosen).values(run_at=past, wake_at=past))
+            conn.execute(
+                update(table).where(chosen, table.retry_at.is_not(None)).values(retry_at=past)
+            )
+        everything = len(due) + len(later) + len(behind)
+        wait_until(lambda: len(set(ledger.ids())) >= everything, "every message")
+    ledger.assert_each_once(
+        [*due, *(m for m in [*heads, *behind]), *(messages[1] for messages in transactions)]
+    )
+    published = ledger.ids()
+    # Each transaction's due rows and each key's rows in order; a scheduled row joins the order
+    # when its time comes, after its transaction's first row.
+    due_sequences = [[messages[0], messages[2]] for messages in transactions]
+    assert_in_order(published, [*due_sequences, *map(list, zip(heads, behind, strict=True))])
+    for messages in transactions:
+        assert published.index(messages[0].id) < published.index(messages[1].id)
+    assert unpublished(store_engine) == 0
+
+
+def ledger_publisher(ledger: Ledger, name: str) -> Callable[[OutboxMessage], None]:
+    """A publisher recording into ``ledger`` as ``name``."""
+    return lambda message: ledger.record(name, [message])

@@ -96,6 +96,7 @@ RELAY_COLUMNS = frozenset(
         "retry_at",
         "dead_at",
         "parked",
+        "wake_at",
     }
 )
 """The table's columns that are the relay's bookkeeping, not part of a message."""

@@ -260,7 +260,8 @@ def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> No
     unparked = cte(sql, "unparked")
     assert unparked.startswith("UPDATE outbox SET parked=")
     # Nothing to do while nothing is parked; else the parked rows of the marked rows'
-    # transactions and keys, probed for from each of them (never a filter on every parked row).
+    # transactions and keys, probed for from each of them (never a filter on every parked row),
+    # but not those parked until they are due (only a sweep wakes them).
     assert (
         "WHERE (EXISTS (SELECT * FROM outbox AS some_parked WHERE some_parked.parked))" in unparked
     )
@@ -269,6 +270,7 @@ def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> No
             f"FROM (SELECT DISTINCT marked.{column} AS {column} FROM marked "
             f"WHERE marked.{column} IS NOT NULL) AS by_{column} JOIN LATERAL "
             f"(SELECT parked_row.id AS id FROM outbox AS parked_row WHERE parked_row.parked "
+            f"AND parked_row.wake_at IS NULL "
             f"AND parked_row.{column} = by_{column}.{column} LIMIT ALL OFFSET 0)"
         ) in unparked
     candidates = cte(sql, "candidates")
@@ -314,6 +316,8 @@ def test_sqlite_statements_use_the_relays_clock() -> None:
         queries.fail_stmt("sqlite"),
         queries.renew_stmt("sqlite"),
         queries.sweep_parked_stmt("sqlite"),
+        queries.park_waiting_stmt("sqlite"),
+        queries.wake_stmt("sqlite"),
     ):
         sql = compiled(stmt, "sqlite")
         assert "FOR UPDATE" not in sql and "now()" not in sql
@@ -355,3 +359,23 @@ def test_numbered_claims_send_every_parameter_in_order() -> None:
     for name, value in zip(precompiled.names, values, strict=True):
         assert isinstance(value, driver_sql._BinaryArray) == (name in precompiled.binary)
         assert value == params.get(name, precompiled.constants.get(name))
+
+
+def test_a_sweep_parks_only_unclaimed_rows_not_due_and_wakes_by_wake_at() -> None:
+    """Parking until due touches only claimable, unclaimed rows whose due time (the later of
+    ``run_at`` and ``retry_at``) is past the horizon, read from the head of the claim index in
+    claim order, and on PostgreSQL locks only the rows it parks (``SKIP LOCKED``, not the
+    head's); waking reads ``wake_at`` as ``ix_outbox_waking``'s predicate says it. Neither the
+    holders' unparking nor the sweep for held-back rows unparks a row with a ``wake_at``."""
+    park = compiled(queries.park_waiting_stmt("postgresql"), "postgresql")
+    assert park.startswith("UPDATE outbox SET parked=")
+    assert "wake_at=CASE WHEN (outbox.retry_at > outbox.run_at) THEN outbox.retry_at" in park
+    assert "waiting_row.claimed_by IS NULL" in park
+    assert "> now() + %(park_ahead)s" in park
+    assert "ORDER BY head_row.staged_at, head_row.id LIMIT __[POSTCOMPILE_head]" in park
+    assert park.endswith("FOR UPDATE OF waiting_row SKIP LOCKED)))")
+    wake = compiled(queries.wake_stmt("sqlite"), "sqlite")
+    assert "outbox.wake_at IS NOT NULL AND outbox.wake_at <= ?" in wake
+    assert "SET parked=?, wake_at=NULL" in wake
+    for statement in (queries.sweep_parked_stmt("sqlite"), queries.unpark_behind_stmt("sqlite")):
+        assert "parked_row.wake_at IS NULL" in compiled(statement, "sqlite")

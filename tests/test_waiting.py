@@ -1,0 +1,227 @@
+"""Rows not due yet leave the claim's index until shortly before they are (sqla_outbox.waiting).
+
+A sweep parks the rows at the head of the claim index that come due more than ``PARK_AHEAD``
+from now (scheduled later, or waiting out a long retry backoff), with ``wake_at`` saying when,
+and wakes them ``WAKE_AHEAD`` before. These tests check what is parked and what is not, that
+parking changes no promise (a scheduled row holds nothing back, a failed one holds its
+transaction and key), that only the sweep wakes such a row, and that a sweep never touches a
+claim's rows. Two relays sweeping and claiming at once, on every store, are in
+``tests/stores/test_conformance.py``; a relay killed mid-batch with rows parked until due, in
+``tests/test_relay_sigkill.py``.
+
+Time passing is simulated by moving ``run_at``, ``retry_at`` and ``wake_at`` into the past
+(:func:`arrive`), as :func:`support.expire_backoffs` does for backoffs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
+from support import MakeRelay
+
+import sqla_outbox as outbox
+from sqla_outbox import queries, waiting
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.sweeping import Swept
+
+Row = outbox.OutboxRow
+DAY = dt.timedelta(days=1)
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def enqueue_each(
+    engine: Engine, specs: Iterable[tuple[str, str | None, dt.timedelta | None]], per: int = 1
+) -> list[OutboxMessage]:
+    """Commit one message per ``(job, ordering_key, run_in)``, ``per`` to a transaction;
+    ``run_in`` None: due now."""
+    specs = list(specs)
+    messages: list[OutboxMessage] = []
+    for start in range(0, len(specs), per):
+        with Session(engine) as session, session.begin():
+            for job, key, run_in in specs[start : start + per]:
+                run_at = None if run_in is None else now() + run_in
+                messages.append(
+                    outbox.enqueue(session, job, {"job": job}, ordering_key=key, run_at=run_at)
+                )
+    return messages
+
+
+def state(engine: Engine) -> dict[str, Any]:
+    """Every row by job, as it is now."""
+    with Session(engine) as session:
+        return {row.job: row for row in session.scalars(select(Row))}
+
+
+def arrive(engine: Engine, ids: Iterable[uuid.UUID]) -> None:
+    """Time passes for rows ``ids``: due now (``run_at``, any backoff), and a ``wake_at`` of
+    theirs past, so the next sweep wakes them (it is a sweep's to do)."""
+    past = now() - dt.timedelta(seconds=1)
+    with engine.begin() as conn:
+        chosen = Row.id.in_(list(ids))
+        conn.execute(update(Row).where(chosen).values(run_at=past))
+        conn.execute(update(Row).where(chosen, Row.retry_at.is_not(None)).values(retry_at=past))
+        conn.execute(update(Row).where(chosen, Row.wake_at.is_not(None)).values(wake_at=past))
+
+
+def fail_row(engine: Engine, message: OutboxMessage, backoff: dt.timedelta) -> None:
+    """Charge ``message`` a failed publish with ``backoff`` to wait, as the relay does."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(Row)
+            .where(Row.id == message.id)
+            .values(attempts=1, last_error="refused", retry_at=now() + backoff)
+        )
+
+
+class Published:
+    """A publisher recording ids in order, from any number of relays."""
+
+    def __init__(self) -> None:
+        self.ids: list[uuid.UUID] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: OutboxMessage) -> None:
+        with self.lock:
+            self.ids.append(message.id)
+
+
+def test_a_sweep_parks_rows_due_much_later_and_wakes_them_before_they_are_due(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Scheduled a day ahead: parked until then (``wake_at`` its ``run_at``), out of every
+    claim. Due in less than PARK_AHEAD, or due now: left in the claim's index. Within
+    WAKE_AHEAD of its time: woken, and still not claimed before it is due."""
+    later, soon, _due = enqueue_each(
+        engine, [("later", None, DAY), ("soon", None, waiting.PARK_AHEAD / 2), ("due", None, None)]
+    )
+    relay = make_relay(engine, Published(), batch_size=10)
+
+    assert relay._statements.sweep() == Swept(unparked=0, woken=0, parked=1)
+    rows = state(engine)
+    assert rows["later"].parked and rows["later"].wake_at == rows["later"].run_at
+    assert not rows["soon"].parked and rows["soon"].wake_at is None
+    assert not rows["due"].parked
+    assert relay._statements.sweep() == Swept(0, 0, 0)  # nothing new: nothing changes
+
+    soon_enough = now() + waiting.WAKE_AHEAD / 2  # the day has nearly passed
+    with engine.begin() as conn:
+        conn.execute(
+            update(Row).where(Row.id == later.id).values(run_at=soon_enough, wake_at=soon_enough)
+        )
+    assert relay._statements.sweep() == Swept(unparked=0, woken=1, parked=0)
+    rows = state(engine)
+    assert not rows["later"].parked and rows["later"].wake_at is None
+    assert relay.drain().published == 1  # "due"; "later" and "soon" are not due yet
+    arrive(engine, [later.id, soon.id])
+    assert relay.drain().published == 2
+    assert relay.pending() == 0
+
+
+def test_a_failed_row_in_a_long_backoff_is_parked_and_still_holds_back_its_rows(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A row failed with an hour's backoff is parked until its backoff ends: it still holds
+    back its transaction's later row and its key's later row, and ``status`` counts it as
+    backing off, not as held back. When its time comes it is woken and published first."""
+    first, second, keyed = enqueue_each(
+        engine, [("first", "k", None), ("second", None, None), ("keyed", "k", None)], per=2
+    )
+    refused = {"first"}
+    published: list[str] = []
+
+    def publish(message: OutboxMessage) -> None:
+        if message.job in refused:
+            raise RuntimeError("refused")
+        published.append(message.job)
+
+    relay = make_relay(engine, publish, batch_size=10, retry_base=3600, retry_max=3600)
+    relay.drain()  # fails "first"; its drain-ending sweep parks it until its backoff ends
+    rows = state(engine)
+    assert rows["first"].attempts == 1 and rows["first"].parked
+    assert rows["first"].wake_at == rows["first"].retry_at
+    relay.drain()
+    assert published == []
+    with engine.connect() as conn:
+        counts = conn.execute(queries.status_stmt(engine.dialect.name), {"now": now()}).one()
+    assert (counts.backing_off, counts.parked, counts.due) == (1, 2, 0)  # parked: held back
+
+    refused.clear()
+    arrive(engine, [first.id])
+    relay.drain()
+    assert published == ["first", "second", "keyed"]
+    assert _published_ids(engine) == {first.id, second.id, keyed.id}
+
+
+def _published_ids(engine: Engine) -> set[uuid.UUID]:
+    with engine.connect() as conn:
+        return set(conn.scalars(select(Row.id).where(Row.published_at.is_not(None))))
+
+
+def test_a_scheduled_row_holds_nothing_back_and_only_the_sweep_wakes_it(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A transaction and key with a row scheduled a day ahead between two due ones: parked,
+    the scheduled row holds back neither its transaction's nor its key's later row, and the
+    marks that publish them (which unpark what they held back) and the sweep for held-back rows
+    leave it parked: only its ``wake_at`` brings it back."""
+    first, scheduled, last = enqueue_each(
+        engine, [("first", "k", None), ("scheduled", "k", DAY), ("last", "k", None)], per=3
+    )
+    published = Published()
+    relay = make_relay(engine, published, batch_size=10)
+    assert relay._statements.sweep().parked == 1
+    assert relay.drain().published == 2
+    assert published.ids == [first.id, last.id]
+    assert relay._statements.sweep() == Swept(0, 0, 0)
+    rows = state(engine)
+    assert rows["scheduled"].parked and rows["scheduled"].wake_at is not None
+    arrive(engine, [scheduled.id])
+    relay.drain()
+    assert published.ids == [first.id, last.id, scheduled.id]
+
+
+def test_the_sweep_parks_only_the_head_of_the_claim_index(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A sweep looks at the first HEAD_ROWS rows of the claim's index: a row not due behind
+    them is parked by a later sweep, once the rows ahead have gone."""
+    enqueue_each(pg_engine, [("due", None, None)] * 3)
+    enqueue_each(pg_engine, [("later", None, DAY)])
+    relay = make_relay(pg_engine, Published(), batch_size=10)
+    store = relay._statements
+    store._sweep_params = lambda: {  # type: ignore[method-assign]
+        **type(store)._sweep_params(store),
+        "head": 3,
+    }
+    assert store.sweep().parked == 0
+    relay.drain()  # publishes the three; its sweep now sees the scheduled row at the head
+    assert state(pg_engine)["later"].parked
+
+
+def test_a_sweep_leaves_a_stalled_claimants_rows_alone(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A sweep parks only unclaimed rows: a stalled claimant's rows whose backoff would have
+    them parked (moved by hand here, as no claim takes a row not due) stay claimed, and the
+    claimant's fenced mark still lands; an unclaimed row in the same state is parked."""
+    mine, other = enqueue_each(pg_engine, [("mine", None, None), ("other", None, None)])
+    relay = make_relay(pg_engine, Published(), batch_size=1, relay_id="A")
+    store = relay._statements
+    claimed = store.claim("A:1", None)
+    assert [m.id for m in claimed.messages] == [mine.id]
+    fail_row(pg_engine, mine, DAY)  # its row now looks like a backoff's, yet it is claimed
+    fail_row(pg_engine, other, DAY)
+    sweeper = make_relay(pg_engine, Published(), relay_id="B")
+    assert sweeper._statements.sweep().parked == 1
+    rows = state(pg_engine)
+    assert rows["mine"].claimed_by == "A:1" and not rows["mine"].parked
+    assert rows["other"].parked
