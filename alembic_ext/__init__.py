@@ -46,10 +46,10 @@ parked until they are due are unparked), then drops them again. A move over seve
 (``op.upgrade_outbox_table(1, 4)``) makes each step in turn. Every row is kept either way (going
 down loses only what the dropped columns held). Until the migration has run, a relay refuses to
 start with :class:`sqla_outbox.SchemaVersionError` naming ``op.upgrade_outbox_table``, and so do
-``status`` and the dead-letter operations (``purge`` runs on version 3 on); ``enqueue`` fails at commit with the same
-error when it writes a column the table lacks (version 3 adds only an index and version 4 a
-column only relays write, so a version-2 or version-3 table still takes new messages until the
-migration runs).
+``status`` and the dead-letter operations (``purge`` runs on version 3 on); ``enqueue`` fails
+at commit with the same error when it writes a column the table lacks (version 3 adds only an
+index and version 4 a column only relays write, so a version-2 or version-3 table still takes
+new messages until the migration runs).
 
 Autogenerate
 ------------

@@ -31,6 +31,7 @@ from benchmarks import (
     latency,
     memory,
     mysql,
+    not_due,
     observed,
     purge,
 )
@@ -66,6 +67,7 @@ WORKLOADS = (
     Workload("drain_failures", "drain_failures", drain_failures.run),
     Workload("claim_history", "claim_history", claim_history.run),
     Workload("claim_held_back", "held_back", held_back.run),
+    Workload("not_due", "not_due", not_due.run),
     Workload("latency", "latency", latency.run),
     Workload("memory", "memory", memory.run),
     Workload("brokers", "brokers", brokers.run),

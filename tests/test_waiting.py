@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from support import MakeRelay
 
 import sqla_outbox as outbox
-from sqla_outbox import queries, waiting
+from sqla_outbox import analyzing, queries, waiting
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.sweeping import Swept
 
@@ -225,3 +225,70 @@ def test_a_sweep_leaves_a_stalled_claimants_rows_alone(
     rows = state(pg_engine)
     assert rows["mine"].claimed_by == "A:1" and not rows["mine"].parked
     assert rows["other"].parked
+
+
+def test_a_sweep_that_parks_rows_in_thousands_analyses_the_table(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Until the statistics count the rows a sweep parked, PostgreSQL may read them through an
+    index that still holds them on every claim (sqla_outbox.analyzing): a sweep that parks
+    ANALYZE_ROWS rows runs ANALYZE on the table; the next one, with nothing moved, does not."""
+    with pg_engine.begin() as conn:  # rows scheduled a day ahead, in one statement
+        conn.exec_driver_sql(
+            "INSERT INTO outbox (id, job, queue, input, idempotency_key, run_at, staged_at) "
+            "SELECT gen_random_uuid(), 'later', 'default', '{}', n::text, "
+            "now() + interval '1 day', now() FROM generate_series(1, %(rows)s) AS n",
+            {"rows": analyzing.ANALYZE_ROWS},
+        )
+    relay = make_relay(pg_engine, Published())
+
+    def analyses() -> int:
+        with pg_engine.connect() as conn:
+            return conn.exec_driver_sql(
+                "SELECT pg_stat_get_analyze_count('outbox'::regclass)"
+            ).scalar_one()
+
+    before = analyses()
+    assert relay._statements.sweep().parked == analyzing.ANALYZE_ROWS
+    assert analyses() == before + 1
+    assert relay._statements.sweep() == Swept(0, 0, 0)
+    assert analyses() == before + 1
+
+
+def test_a_mark_learns_whether_rows_are_parked_from_an_index(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A mark unparks what its rows held back only while some row is parked. With thousands
+    parked (here by a sweep, until due, stored after the due rows) and the statistics saying
+    so, an EXISTS over parked rows was planned as a sequential scan that read every due row
+    first: 8 ms of every mark. The mark reads the first entry of ix_outbox_parked_group."""
+    with pg_engine.begin() as conn:
+        for job, run_at, rows in (
+            ("due", "now()", 2000),
+            ("later", "now() + interval '1 day'", 3000),
+        ):
+            conn.exec_driver_sql(
+                "INSERT INTO outbox (id, job, queue, input, idempotency_key, run_at, staged_at) "
+                f"SELECT gen_random_uuid(), '{job}', 'default', '{{}}', '{job}' || n, {run_at}, "
+                f"now() - interval '1 hour' + n * interval '1 ms' * (CASE WHEN '{job}' = 'due' "
+                "THEN 2 ELSE 1 END) FROM generate_series(1, %(rows)s) AS n",
+                {"rows": rows},
+            )
+    relay = make_relay(pg_engine, Published(), batch_size=100)
+    store = relay._statements
+    assert store.sweep().parked == 3000  # and analyses the table: 3,000 moved
+    claimed = store.claim("probe:1", None)
+    mark = queries.mark_published_stmt("postgresql").compile(dialect=pg_engine.dialect)
+    ids = [message.id for message in claimed.messages]
+    with pg_engine.connect() as conn:
+        plan = (
+            conn.exec_driver_sql(
+                f"EXPLAIN (ANALYZE, COSTS OFF) {mark}",
+                {**mark.params, "token": "probe:1", "ids": ids},
+            )
+            .scalars()
+            .all()
+        )
+        conn.rollback()
+    parked_probe = [line for line in plan if " on outbox some_parked" in line]
+    assert parked_probe and "ix_outbox_parked_group" in parked_probe[0], "\n".join(plan)

@@ -28,7 +28,9 @@ from typing import Any, cast
 from sqlalchemy import Connection, Engine, Executable, Select, Update, text
 
 from sqla_outbox import queries
+from sqla_outbox.analyzing import StaleStatistics
 from sqla_outbox.claims import Claimed, WriteBack
+from sqla_outbox.logs import log_event
 from sqla_outbox.stores.base import SqlStore
 from sqla_outbox.sweeping import Swept
 from sqla_outbox.trimming import Trimming
@@ -63,6 +65,8 @@ class PostgresStore(SqlStore):
         self._trimming = Trimming()
         self._settle = queries.settle_stmt()
         self._sweep_all = queries.sweep_stmt()
+        self._analyze = queries.analyze_stmt()
+        self._stale = StaleStatistics()
         self._session_before: dict[str, Any] = {}
 
     def can_carry(self, write_back: WriteBack) -> bool:
@@ -77,10 +81,18 @@ class PostgresStore(SqlStore):
         return {"delay": backoff}
 
     def sweep(self) -> Swept:
-        """The whole sweep as one statement (:func:`~sqla_outbox.queries.sweep_stmt`)."""
+        """The whole sweep as one statement (:func:`~sqla_outbox.queries.sweep_stmt`), then
+        ``ANALYZE`` when rows moved in thousands (:mod:`sqla_outbox.analyzing`)."""
         with self._transaction(statements=1) as conn:
             counts = self._rows(self._execute(conn, self._sweep_all, self._sweep_params()))[0]
-        return Swept(*counts)
+        swept = Swept(*counts)
+        self._stale.moved(swept.unparked + swept.woken + swept.parked)
+        if self._stale.due():
+            with self._transaction(statements=1) as conn:
+                conn.execute(self._analyze)
+            moved = self._stale.analysed()
+            log_event(log, logging.INFO, "relay.analyzed", relay=self._relay_id, moved=moved)
+        return swept
 
     # -- claim ---------------------------------------------------------------------------------
 
@@ -90,6 +102,7 @@ class PostgresStore(SqlStore):
         claimed = self._claim_with(token, carried, {**params, "whole": trimming.on}, fast=fast)
         if claimed.crowded:
             trimming.crowded()
+        self._stale.moved(claimed.parked)
         if fast and claimed.crowded:
             # The fast claim took nothing (its write-back stands): the full claim sees what holds.
             unparked = claimed.unparked

@@ -259,11 +259,13 @@ def test_mark_and_claim_fences_the_mark_and_keeps_the_claim_off_its_rows() -> No
     )
     unparked = cte(sql, "unparked")
     assert unparked.startswith("UPDATE outbox SET parked=")
-    # Nothing to do while nothing is parked; else the parked rows of the marked rows'
+    # Nothing to do while nothing is parked (the first entry of ix_outbox_parked_group, never an
+    # EXISTS that PostgreSQL may read the table for); else the parked rows of the marked rows'
     # transactions and keys, probed for from each of them (never a filter on every parked row),
     # but not those parked until they are due (only a sweep wakes them).
     assert (
-        "WHERE (EXISTS (SELECT * FROM outbox AS some_parked WHERE some_parked.parked))" in unparked
+        "WHERE (SELECT some_parked.staged_at FROM outbox AS some_parked WHERE some_parked.parked "
+        "ORDER BY some_parked.staged_at LIMIT 1) IS NOT NULL" in unparked
     )
     for column in ("staged_at", "ordering_key"):
         assert (
