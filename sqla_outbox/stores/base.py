@@ -247,6 +247,10 @@ class SqlStore:
         """Mark ``ids`` published and unpark what they held back."""
         result = self._execute(conn, self._mark, self._params(token=token, ids=ids))
         self._check(token, "mark", expected=len(ids), touched=result.rowcount)
+        self._unpark_behind(conn, ids)
+
+    def _unpark_behind(self, conn: Connection, ids: list[uuid.UUID]) -> None:
+        """Unpark the rows parked behind ``ids``, just marked published."""
         conn.execute(self._unpark, {"ids": ids})
 
     def _failures(self, claimed: Claimed, outcome: PassOutcome) -> list[dict[str, Any]]:

@@ -79,11 +79,9 @@ class MySQLStore(SqlStore):
         claimed.held = len(leave)
         return claimed
 
-    def _mark_rows(self, conn: Connection, token: str, ids: list[uuid.UUID]) -> None:
-        """Mark ``ids`` published, then read what they held back and unpark it by primary key
-        (see :func:`~sqla_outbox.queries.parked_behind_stmt`)."""
-        result = conn.execute(self._mark, self._params(token=token, ids=ids))
-        self._check(token, "mark", expected=len(ids), touched=result.rowcount)
+    def _unpark_behind(self, conn: Connection, ids: list[uuid.UUID]) -> None:
+        """Read what ``ids`` held back, then unpark it by primary key (see
+        :func:`~sqla_outbox.queries.parked_behind_stmt`)."""
         behind = list(conn.scalars(self._parked_behind, {"ids": ids}))
         if behind:
             conn.execute(self._unpark_rows, {"ids": behind})
