@@ -191,13 +191,21 @@ def _prepare(ctx: Context) -> None:
     snapshot_outbox(ctx)
 
 
-def _drain_relay(ctx: Context, batch_size: int, *, order: str = "key") -> tuple[int, float]:
-    """Ours: ``Relay.drain()`` with the no-op publisher, on a freshly opened pool connection."""
+def _drain_relay(
+    ctx: Context,
+    batch_size: int,
+    *,
+    publish: Callable[[outbox.OutboxMessage], None] = _noop,
+    relay_type: type[outbox.Relay] = outbox.Relay,
+    **options: Any,
+) -> tuple[int, float]:
+    """Ours: ``Relay.drain()`` (with the no-op publisher unless ``publish``, ``options`` passed
+    to the relay), on a freshly opened pool connection; rows published and seconds."""
     fresh_pool(ctx.engine)
     # A relay id as short as the baseline's "raw" prefix, so both sides stamp fence tokens of
     # the same length on every claimed row; see BENCH_RELAY_ID.
-    relay = outbox.Relay(
-        ctx.engine, _noop, batch_size=batch_size, relay_id=BENCH_RELAY_ID, order=order
+    relay = relay_type(
+        ctx.engine, publish, batch_size=batch_size, relay_id=BENCH_RELAY_ID, **options
     )
     start = time.perf_counter()
     published = relay.drain().published

@@ -92,13 +92,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqla_outbox as outbox
-from benchmarks.drain import BENCH_RELAY_ID, _library_sql, _prepare
+from benchmarks.drain import _drain_relay, _library_sql, _prepare
 from benchmarks.harness import (
     Context,
     Result,
     Target,
     compare,
-    fresh_pool,
     interleave,
     restore_outbox,
 )
@@ -250,19 +249,10 @@ def _drain(ctx: Context, arm: _Arm, expected: set[int]) -> float:
     def publish(message: outbox.OutboxMessage) -> None:
         seen.append(message.id.int)
 
-    fresh_pool(ctx.engine)
     relay_type = outbox.Relay if arm.swept else _Unswept
-    relay = relay_type(
-        ctx.engine,
-        publish,
-        batch_size=BATCH_SIZE,
-        relay_id=BENCH_RELAY_ID,
-        poll_interval=POLL_INTERVAL,
+    published, elapsed = _drain_relay(
+        ctx, BATCH_SIZE, publish=publish, relay_type=relay_type, poll_interval=POLL_INTERVAL
     )
-    start = time.perf_counter()
-    published = relay.drain().published
-    elapsed = time.perf_counter() - start
-    relay.close()
     _check_drained(ctx, arm, published, seen, expected)
     arm.published.append(published)
     return published / elapsed

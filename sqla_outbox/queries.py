@@ -1048,16 +1048,23 @@ def unpark_behind_stmt(dialect: str, *, dead: bool = False) -> Update:
     is materialized first.
     """
     t = outbox_table
-    rows = _parked_behind_holders(dialect, dead=dead)
+    rows = parked_behind_stmt(dialect, dead=dead)
     if dialect in MYSQL_DIALECTS:
         freed = rows.subquery("behind")
         return update(t).where(t.c.id == freed.c.id).values(parked=False)
     return update(t).where(t.c.id.in_(rows)).values(parked=False)
 
 
-def _parked_behind_holders(dialect: str, *, dead: bool) -> CompoundSelect[Any]:
-    """The ids :func:`unpark_behind_stmt` unparks: parked behind the rows ``:ids`` (or behind
-    every dead letter)."""
+def parked_behind_stmt(dialect: str, *, dead: bool = False) -> CompoundSelect[Any]:
+    """The ids of the rows parked behind the rows ``:ids`` (or behind every dead letter): what
+    :func:`unpark_behind_stmt` unparks.
+
+    MySQL/MariaDB run it as a plain read of its own: a mark there unparks what it freed in two
+    steps, this read and :func:`unpark_rows_stmt`, as :func:`unpark_behind_stmt`'s derived table
+    is read with shared locks on the rows it joins, and two relays marking at once deadlocked on
+    them (InnoDB rolled one mark back, the relay retried it). A row parked again between the two
+    steps stays parked: the UPDATE tests ``parked`` and ``wake_at`` on the row as it is then.
+    """
     t = outbox_table
     holder = t.alias("holder")
     chosen: ColumnElement[bool]
@@ -1069,18 +1076,6 @@ def _parked_behind_holders(dialect: str, *, dead: bool) -> CompoundSelect[Any]:
         chosen = holder.c.id.in_(bindparam("ids", expanding=True))
     holders = select(holder.c.staged_at, holder.c.ordering_key).where(chosen).subquery("holders")
     return _parked_behind(holders, dialect)
-
-
-def parked_behind_stmt(dialect: str) -> CompoundSelect[Any]:
-    """MySQL/MariaDB: the ids of the rows parked behind the rows ``:ids``, by a plain read.
-
-    A mark there unparks what it freed in two steps, this read and :func:`unpark_rows_stmt`:
-    :func:`unpark_behind_stmt`'s derived table is read with shared locks on the rows it joins,
-    and two relays marking at once deadlocked on them (InnoDB rolled one mark back, the relay
-    retried it). A row parked again between the two steps stays parked: the UPDATE tests
-    ``parked`` and ``wake_at`` on the row as it is then.
-    """
-    return _parked_behind_holders(dialect, dead=False)
 
 
 def unpark_rows_stmt(dialect: str) -> Update:

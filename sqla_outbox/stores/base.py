@@ -22,7 +22,7 @@ from functools import partial
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Engine, Executable
+from sqlalchemy import Connection, CursorResult, Engine, Executable, Select, Update
 from sqlalchemy.exc import SQLAlchemyError
 
 from sqla_outbox import queries, waiting
@@ -95,7 +95,8 @@ class SqlStore:
         self._release = queries.release_stmt(dialect)
         self._fail = queries.fail_stmt(dialect)
         self._renew = queries.renew_stmt(dialect)
-        self._sweep = queries.sweep_parked_stmt(dialect)
+        self._sweep: Update | Select[Any] = queries.sweep_parked_stmt(dialect)
+        """The sweep's first statement here; the whole sweep where a store runs it as one."""
         self._park_waiting = queries.park_waiting_stmt(dialect)
         self._wake = queries.wake_stmt(dialect)
         self._idle = queries.idle_stmt(dialect)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Executable
 
 from sqla_outbox import queries
 from sqla_outbox.claims import Claimed, WriteBack
@@ -80,20 +80,14 @@ class MySQLStore(SqlStore):
         return claimed
 
     def _unpark_behind(self, conn: Connection, ids: list[uuid.UUID]) -> None:
-        """Read what ``ids`` held back, then unpark it by primary key (see
+        """Unpark what ``ids`` held back: read, then changed by primary key (see
         :func:`~sqla_outbox.queries.parked_behind_stmt`)."""
-        behind = list(conn.scalars(self._parked_behind, {"ids": ids}))
-        if behind:
-            conn.execute(self._unpark_rows, {"ids": behind})
+        _read_then_change(conn, self._parked_behind, self._unpark_rows, {"ids": ids})
 
     def _park_waiting_rows(self, conn: Connection, params: dict[str, Any]) -> int:
-        """Read the rows to park, then park them by primary key: a plain read locks nothing,
-        where the head as a derived table of the UPDATE was read with shared locks on which the
-        relays' marks deadlocked (see :func:`~sqla_outbox.queries.waiting_head_stmt`)."""
-        ids = list(conn.scalars(self._waiting_head, params))
-        if not ids:
-            return 0
-        return conn.execute(self._park_waiting, {**params, "ids": ids}).rowcount
+        """Park the rows not due for a while: read, then changed by primary key (see
+        :func:`~sqla_outbox.queries.waiting_head_stmt`)."""
+        return _read_then_change(conn, self._waiting_head, self._park_waiting, params)
 
     @contextmanager
     def _transaction(self, statements: int) -> Iterator[Connection]:
@@ -109,3 +103,15 @@ class MySQLStore(SqlStore):
         # SQLAlchemy sets the level on this checkout and restores it when the connection goes
         # back to the pool.
         return self.engine.connect().execution_options(isolation_level="READ COMMITTED")
+
+
+def _read_then_change(
+    conn: Connection, read: Executable, change: Executable, params: dict[str, Any]
+) -> int:
+    """Run ``read`` (a plain read of ids: no locks), then ``change`` on those ids (``:ids``,
+    locked by primary key as it changes them); how many rows it changed. A derived table in
+    the UPDATE would read the same rows with shared locks (see the module docs)."""
+    ids = list(conn.scalars(read, params))
+    if not ids:
+        return 0
+    return conn.execute(change, {**params, "ids": ids}).rowcount

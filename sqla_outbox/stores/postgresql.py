@@ -64,7 +64,7 @@ class PostgresStore(SqlStore):
         self._crowded = False
         self._trimming = Trimming()
         self._settle = queries.settle_stmt()
-        self._sweep_all = queries.sweep_stmt()
+        self._sweep = queries.sweep_stmt()
         self._analyze = queries.analyze_stmt()
         self._stale = StaleStatistics()
         self._session_before: dict[str, Any] = {}
@@ -84,7 +84,7 @@ class PostgresStore(SqlStore):
         """The whole sweep as one statement (:func:`~sqla_outbox.queries.sweep_stmt`), then
         ``ANALYZE`` when rows moved in thousands (:mod:`sqla_outbox.analyzing`)."""
         with self._transaction(statements=1) as conn:
-            counts = self._rows(self._execute(conn, self._sweep_all, self._sweep_params()))[0]
+            counts = self._rows(self._execute(conn, self._sweep, self._sweep_params()))[0]
         swept = Swept(*counts)
         self._stale.moved(swept.unparked + swept.woken + swept.parked)
         if self._stale.due():

@@ -55,7 +55,7 @@ class PsycopgStore(PostgresStore):
             *self._claims.values(),
             self._mark,
             self._renew,
-            self._sweep_all,
+            self._sweep,
             self._settle,
         )
         self._precompiled = {
