@@ -597,9 +597,12 @@ class OutboxStatus:
     """What ``sqla-outbox status`` reports; ``--json`` prints exactly these fields.
 
     ``due`` counts the rows a relay could claim now: not dead, not parked, past ``run_at`` and
-    any retry backoff. ``backing_off`` rows wait out a retry backoff; ``dead`` rows are dead
-    letters; ``parked`` rows are held back behind a failed or dead row. ``holding`` lists the
-    first :data:`HOLDING_SHOWN` failed rows (of ``failing``), in claim order.
+    any retry backoff. ``oldest_pending_age_seconds`` is how long the longest-waiting due row
+    has been due (since it was staged, or since its ``run_at`` if later; a row failing or dead
+    counts, a row scheduled for later does not): what ``--max-age`` compares. ``backing_off``
+    rows wait out a retry backoff; ``dead`` rows are dead letters; ``parked`` rows are held back
+    behind a failed or dead row. ``holding`` lists the first :data:`HOLDING_SHOWN` failed rows
+    (of ``failing``), in claim order.
     """
 
     url: str
@@ -625,7 +628,8 @@ class OutboxStatus:
     envvar=_env("MAX_AGE"),
     show_envvar=True,
     metavar="SECONDS",
-    help=f"Exit {THRESHOLD_CROSSED} if the oldest pending message is older than this.",
+    help=f"Exit {THRESHOLD_CROSSED} if a due message has waited longer than this since it came "
+    "due (since staged, or since its run_at if later; messages scheduled for later do not count).",
 )
 @click.option(
     "--max-dead",
@@ -645,7 +649,7 @@ def status(
     max_age: float | None,
     max_dead: int | None,
 ) -> int:
-    """Show the backlog: pending and due rows, the oldest one's age, failures, live claims.
+    """Show the backlog: pending and due rows, the longest wait since due, failures, claims.
 
     A claim older than --claim-lease has lapsed: its relay is presumed dead and any relay may
     take those rows. Failed rows (backing off or dead) are listed with their last error: each
@@ -687,7 +691,7 @@ def _thresholds_crossed(
     age = report.oldest_pending_age_seconds
     if max_age is not None and age is not None and age > max_age:
         crossed.append(
-            f"the oldest pending message is {_seconds(age)} old, over --max-age {max_age:g}."
+            f"a message has waited {_seconds(age)} since it came due, over --max-age {max_age:g}."
         )
     if max_dead is not None and report.dead > max_dead:
         crossed.append(
@@ -725,7 +729,7 @@ def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStat
         entry.rows_held += held
         entry.claim_age_seconds = round(max(entry.claim_age_seconds, age), 3)
         entry.lapsed = entry.lapsed or age > lease.total_seconds()
-    oldest = counts.oldest_staged_at
+    oldest = counts.oldest_due_at
     return OutboxStatus(
         url=hide_password(url),
         pending=counts.pending,
@@ -769,7 +773,7 @@ def _status_table(report: OutboxStatus) -> str:
         f"Outbox at {report.url}",
         f"  pending (unpublished)     {report.pending}",
         f"  due now                   {report.due}",
-        f"  oldest pending age        {'-' if age is None else _seconds(age)}",
+        f"  longest wait since due    {'-' if age is None else _seconds(age)}",
         f"  with failed attempts      {report.failing}",
         f"  backing off (retrying)    {report.backing_off}",
         f"  dead letters              {report.dead}",

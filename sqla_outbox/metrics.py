@@ -20,8 +20,10 @@ the registry given as ``Relay(..., registry=...)`` (``None``: prometheus_client'
   here (a negative delay counts as 0).
 * ``sqla_outbox_pending_messages``, ``sqla_outbox_dead_messages``,
   ``sqla_outbox_oldest_pending_age_seconds`` (gauges): the numbers ``sqla-outbox status`` shows
-  as pending (dead letters included), dead letters, and the oldest pending message's age (0
-  when nothing is pending; a dead letter keeps it growing until it is retried or discarded).
+  as pending (dead letters included), dead letters, and how long the longest-waiting message
+  has been due: since it was staged, or since its ``run_at`` if later (0 when none is due; a
+  message scheduled for later does not count, a dead letter keeps it growing until it is
+  retried or discarded).
 
 **What the gauges cost.** They come from one statement
 (:func:`~sqla_outbox.queries.backlog_stmt`, restricted to unpublished rows) run when the
@@ -138,7 +140,7 @@ def read_backlog(engine: Engine) -> BacklogNumbers:
     params = {} if dialect == "postgresql" else {"now": dt.datetime.now(dt.timezone.utc)}
     with engine.connect() as conn:
         row = conn.execute(queries.backlog_stmt(dialect), params).one()
-    oldest = row.oldest_staged_at
+    oldest = row.oldest_due_at
     age = 0.0 if oldest is None else max(0.0, (row.now - oldest).total_seconds())
     return BacklogNumbers(int(row.pending), int(row.dead), age)
 
@@ -226,7 +228,8 @@ class Backlog:
             ("sqla_outbox_dead_messages", "Dead letters: unpublished messages no relay retries."),
             (
                 "sqla_outbox_oldest_pending_age_seconds",
-                "Age of the oldest unpublished message (0 when there is none).",
+                "Seconds the longest-waiting unpublished message has been due, since it was "
+                "staged or its run_at if later (0 when none is due).",
             ),
         )
         values = (

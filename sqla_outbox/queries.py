@@ -55,7 +55,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.schema import DDL
 from sqlalchemy.sql import operators
-from sqlalchemy.sql.elements import BindParameter, UnaryExpression
+from sqlalchemy.sql.elements import BindParameter, Label, UnaryExpression
 
 from sqla_outbox.coltypes import MYSQL_DIALECTS, InputText
 from sqla_outbox.message import OutboxMessage
@@ -1498,11 +1498,24 @@ def pending_stmt() -> Select[int]:
 # is never claimed, so no relay holds the rows they change.
 
 
+def _oldest_due(table: Any, now: ColumnElement[dt.datetime]) -> Label[dt.datetime]:
+    """``oldest_due_at``: when the longest-waiting unpublished row came due, the later of its
+    ``staged_at`` and ``run_at``, among the rows due by ``now`` (dead letters and rows in a
+    retry backoff included: they are late too); NULL when none is.
+
+    What an age alert measures. From ``staged_at`` alone, a message scheduled an hour ahead was
+    "older" than ``status --max-age`` the moment it was staged, and a probe paged for it until it
+    was due and published.
+    """
+    came_due = case((table.c.run_at > table.c.staged_at, table.c.run_at), else_=table.c.staged_at)
+    return func.min(case((table.c.run_at <= now, came_due))).label("oldest_due_at")
+
+
 def status_stmt(dialect: str) -> Select[int, int, Any, int, int, int, int]:
-    """The backlog in one query: ``pending``, ``due``, ``oldest_staged_at``, ``failing`` (rows
-    with failed attempts), ``dead``, ``backing_off`` (waiting out a retry backoff) and ``parked``
-    (held back behind a failed or dead row; not the rows parked until they are due, which are
-    scheduled or backing off).
+    """The backlog in one query: ``pending``, ``due``, ``oldest_due_at`` (:func:`_oldest_due`),
+    ``failing`` (rows with failed attempts), ``dead``, ``backing_off`` (waiting out a retry
+    backoff) and ``parked`` (held back behind a failed or dead row; not the rows parked until
+    they are due, which are scheduled or backing off).
 
     Every figure is about unpublished rows, so that is the WHERE clause, which the partial index
     ``ix_outbox_unpublished`` covers: the cost follows the backlog, not the published history
@@ -1525,7 +1538,7 @@ def status_stmt(dialect: str) -> Select[int, int, Any, int, int, int, int]:
         select(
             func.count().label("pending"),
             due.label("due"),
-            func.min(t.c.staged_at).label("oldest_staged_at"),
+            _oldest_due(t, now),
             rows(_charged(t)).label("failing"),
             rows(t.c.dead_at.is_not(None)).label("dead"),
             rows(alive, t.c.retry_at > now).label("backing_off"),
@@ -1638,8 +1651,8 @@ def delete_dead_stmt(dialect: str, *, ids: bool) -> Delete:
 
 def backlog_stmt(dialect: str) -> Select[int, int, Any, Any]:
     """The backlog gauges in one query: ``pending`` (unpublished, dead letters included), ``dead``,
-    ``oldest_staged_at`` (of the pending rows; NULL when there are none) and ``now`` (the
-    database's clock on PostgreSQL, the ``:now`` parameter elsewhere) to measure its age against.
+    ``oldest_due_at`` (:func:`_oldest_due`) and ``now`` (the database's clock on PostgreSQL, the
+    ``:now`` parameter elsewhere) to measure its age against.
 
     The numbers of :func:`status_stmt`, for a metrics scrape: restricted to unpublished rows in
     its WHERE clause, which the partial index ``ix_outbox_unpublished`` covers, so its cost
@@ -1652,7 +1665,7 @@ def backlog_stmt(dialect: str) -> Select[int, int, Any, Any]:
         select(
             func.count().label("pending"),
             func.count(case((t.c.dead_at.is_not(None), literal_column("1")))).label("dead"),
-            func.min(t.c.staged_at).label("oldest_staged_at"),
+            _oldest_due(t, now),
             (cast(now, UTCDateTime()) if dialect in MYSQL_DIALECTS else now).label("now"),
         )
         .select_from(t)

@@ -54,6 +54,7 @@ from sqla_outbox.metrics import (
     BacklogNumbers,
     DelayHistogram,
     metrics_for,
+    read_backlog,
 )
 
 PROMETHEUS_HINT = 'pip install "sqla-outbox[prometheus]"'
@@ -558,11 +559,13 @@ def test_a_taken_metrics_port_fails_before_relaying(pg_engine: Engine) -> None:
 # --- status thresholds: alerting without Prometheus ---------------------------------------------
 
 
-def age_rows(engine: Engine, seconds: float) -> None:
-    """Make every pending row look staged ``seconds`` ago."""
+def age_rows(engine: Engine, seconds: float, *, due: bool = True) -> None:
+    """Make every pending row look staged ``seconds`` ago, and due since then unless ``due`` is
+    false (each keeps its ``run_at``)."""
     then = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds)
+    values = {"staged_at": then, **({"run_at": then} if due else {})}
     with engine.begin() as conn:
-        conn.execute(update(outbox.OutboxRow).values(staged_at=then))
+        conn.execute(update(outbox.OutboxRow).values(**values))
 
 
 def test_status_max_age_exits_3_when_the_oldest_message_is_older(engine: Engine) -> None:
@@ -578,8 +581,34 @@ def test_status_max_age_exits_3_when_the_oldest_message_is_older(engine: Engine)
     assert alert.returncode == 3, alert.stderr
     assert "pending (unpublished)" in alert.stdout
     [line] = alert.stderr.splitlines()
-    assert line.startswith("Threshold crossed: the oldest pending message is 36")
+    assert line.startswith("Threshold crossed: a message has waited 36")
+    assert "since it came due" in line
     assert "over --max-age 60." in line
+
+
+def test_status_max_age_counts_the_wait_since_a_message_came_due(engine: Engine) -> None:
+    """On PostgreSQL and SQLite, a message scheduled for later is not late, however long ago it
+    was staged: ``status --max-age`` and the age gauge measure the wait since a message came due
+    (its ``run_at``, when later than its staging). Measured from ``staged_at``, a reminder
+    scheduled for tomorrow paged the operator today."""
+    now = dt.datetime.now(dt.timezone.utc)
+    stage(engine, "reminders", 2, run_at=now + dt.timedelta(hours=2))
+    age_rows(engine, 3600, due=False)
+    calm = run_cli("status", "--json", "--max-age", "600", url=url_of(engine))
+    assert calm.returncode == 0, calm.stderr
+    report = json.loads(calm.stdout)
+    assert (report["pending"], report["due"], report["oldest_pending_age_seconds"]) == (2, 0, None)
+    assert read_backlog(engine).oldest_age_seconds == 0.0
+
+    stage(engine, "emails", 1, run_at=now - dt.timedelta(minutes=20))
+    age_rows(engine, 3600, due=False)  # staged an hour ago, due for twenty minutes
+    alert = run_cli("status", "--json", "--max-age", "600", url=url_of(engine))
+    assert alert.returncode == 3, alert.stderr
+    waited = json.loads(alert.stdout)["oldest_pending_age_seconds"]
+    assert 1200 <= waited < 1260
+    assert 1200 <= read_backlog(engine).oldest_age_seconds < 1260
+    [line] = alert.stderr.splitlines()
+    assert line.startswith("Threshold crossed: a message has waited 120")
 
 
 def test_status_max_dead_exits_3_when_there_are_more_dead_letters(

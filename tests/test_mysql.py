@@ -628,6 +628,7 @@ class Backlog:
             engine,
             [self.dead],
             staged_at=ago(30 * DAY),
+            run_at=ago(30 * DAY),
             attempts=5,
             last_error=DEAD_ERROR,
             dead_at=ago(29 * DAY),
