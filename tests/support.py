@@ -315,3 +315,13 @@ def recorded_ids(record: Path) -> list[uuid.UUID]:
     complete line: a relay killed with SIGKILL may leave the last one half-written."""
     text = record.read_text(encoding="utf-8") if record.exists() else ""
     return [uuid.UUID(line) for line in text[: text.rfind("\n") + 1].split()]
+
+
+def pg_rows_read(plan: dict[str, Any]) -> int:
+    """Table and index rows a PostgreSQL JSON ``EXPLAIN ANALYZE`` plan node and its children
+    read, over their loops."""
+    read = 0
+    if "Relation Name" in plan or "Index Name" in plan:
+        rows = plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
+        read += int(rows * plan["Actual Loops"])
+    return read + sum(pg_rows_read(child) for child in plan.get("Plans", []))

@@ -1026,9 +1026,13 @@ def test_sweep_and_idle_statements_run_on_mariadb(mariadb_engine: Engine) -> Non
     dialect = mariadb_engine.dialect.name
     now = dt.datetime.now(dt.timezone.utc)
 
-    with mariadb_engine.begin() as conn:
-        swept = conn.execute(queries.sweep_parked_stmt(dialect), {"now": now, "limit": 10})
-        assert swept.rowcount == 1
+    relay = outbox.Relay(mariadb_engine, lambda message: None)
+    store = relay._statements  # the held-row part of a sweep only: it reads, then unparks
+    try:
+        with store._transaction(statements=2) as conn:
+            assert store._unpark_free(conn, store._sweep_params()) == 1
+    finally:
+        relay.close()
     assert outbox_row(mariadb_engine, free).parked is False
     assert outbox_row(mariadb_engine, backlog.parked).parked is True
 
@@ -1102,11 +1106,6 @@ def test_a_mark_unparks_reading_only_its_own_transactions_and_keys(mariadb_engin
             "WHERE outbox.id = oldest.id",
         ),
         (
-            "sweep",
-            lambda: queries.sweep_parked_stmt("mysql"),
-            " LIMIT %s) AS free SET outbox.parked=%s WHERE outbox.id = free.id",
-        ),
-        (
             "unpark",
             lambda: queries.unpark_behind_stmt("mysql"),
             "UPDATE outbox, (SELECT parked_row.id AS id FROM outbox AS parked_row INNER JOIN "
@@ -1122,9 +1121,9 @@ def test_mysql_statements_read_the_table_they_change_through_derived_tables(
 ) -> None:
     """MySQL refuses a subquery on the table an UPDATE or DELETE changes (error 1093, which
     MariaDB 10.3+ allows, so the MariaDB tests cannot catch it) and a LIMIT inside IN (...)
-    (error 1235), unless the subquery reads a derived table it materializes: the purge, the
-    sweep and the unparking read the outbox only through one, kept from being merged back by
-    its LIMIT or UNION."""
+    (error 1235), unless the subquery reads a derived table it materializes: the purge and the
+    unparking read the outbox only through one, kept from being merged back by its LIMIT or
+    UNION. (A sweep reads the rows it unparks first, then changes them by primary key.)"""
     sql = " ".join(str(statement().compile(dialect=mysql.dialect())).split())
     assert derived in sql
     # No "x IN (SELECT ... FROM outbox ...)" (a word of its own: "JOIN (SELECT" is allowed).

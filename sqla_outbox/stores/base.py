@@ -35,7 +35,7 @@ from sqla_outbox.model import as_utc
 from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.retries import RetryPolicy
 from sqla_outbox.schema_errors import raise_if_missing_table
-from sqla_outbox.sweeping import Swept
+from sqla_outbox.sweeping import ParkedCursor, Swept
 
 __all__ = ["SWEEP_LIMIT", "SqlStore"]
 
@@ -44,8 +44,8 @@ log = logging.getLogger("sqla_outbox.relay")
 _FIELDS = len(queries.MESSAGE_FIELDS)
 _WIDEN_TRIES = 4
 """Claims one pass may make while each finds only held-back rows."""
-SWEEP_LIMIT = 1000
-"""Parked rows one sweep may unpark (see :func:`sqla_outbox.queries.sweep_parked_stmt`)."""
+SWEEP_LIMIT = 10_000
+"""Parked rows one sweep reads, and so may unpark (:func:`sqla_outbox.queries.parked_window`)."""
 
 _as_message = partial(tuple.__new__, OutboxMessage)
 """A claimed row's message values as an :class:`OutboxMessage`, without a Python-level call.
@@ -96,7 +96,12 @@ class SqlStore:
         self._fail = queries.fail_stmt(dialect)
         self._renew = queries.renew_stmt(dialect)
         self._sweep: Update | Select[Any] = queries.sweep_parked_stmt(dialect)
-        """The sweep's first statement here; the whole sweep where a store runs it as one."""
+        """The sweep's first statement here (on MySQL and MariaDB the read of what it unparks);
+        the whole sweep where a store runs it as one."""
+        self._window_end = queries.window_end_stmt(
+            queries.parked_window(dialect).subquery("parked_row")
+        )
+        self._parked_cursor = ParkedCursor()
         self._park_waiting = queries.park_waiting_stmt(dialect)
         self._wake = queries.wake_stmt(dialect)
         self._idle = queries.idle_stmt(dialect)
@@ -300,15 +305,29 @@ class SqlStore:
     def sweep(self) -> Swept:
         """Unpark rows that nothing stuck holds back any more, wake the rows parked until due
         that are due soon, and park those due much later at the head of the claim's index
-        (:mod:`sqla_outbox.waiting`): three statements, one transaction."""
+        (:mod:`sqla_outbox.waiting`): one transaction, which also reads where the window of
+        parked rows it looked at ended, to move the cursor on (:class:`ParkedCursor`)."""
         params = self._sweep_params()
-        with self._transaction(statements=3) as conn:
-            unparked = self._execute(conn, self._sweep, params).rowcount
+        with self._transaction(statements=4) as conn:
+            end = self._execute(conn, self._window_end, params).one_or_none()
+            unparked = self._unpark_free(conn, params)
             # Parking before waking, as in PostgreSQL's one statement: a row is never parked
             # by the sweep that woke it.
             parked = self._park_waiting_rows(conn, params)
             woken = self._execute(conn, self._wake, params).rowcount
+        self._advance(params, *(end or (None, None, 0)))
         return Swept(unparked, woken, parked)
+
+    def _unpark_free(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Unpark the rows of the sweep's window that nothing holds back; how many."""
+        return self._execute(conn, self._sweep, params).rowcount
+
+    def _advance(
+        self, params: dict[str, Any], last_staged_at: Any, last_id: Any, read: int
+    ) -> None:
+        """Move the parked rows' cursor past the window a sweep with ``params`` read."""
+        last = None if last_staged_at is None else as_utc(last_staged_at)
+        self._parked_cursor.advance(last, last_id, read, params["limit"])
 
     def _park_waiting_rows(self, conn: Connection, params: dict[str, Any]) -> int:
         """Park the rows not due for a while at the head of the claim's index; how many."""
@@ -320,6 +339,7 @@ class SqlStore:
             head=waiting.HEAD_ROWS,
             park_ahead=waiting.PARK_AHEAD,
             wake_ahead=waiting.WAKE_AHEAD,
+            **self._parked_cursor.params(),
         )
 
     # -- connections -----------------------------------------------------------------------------

@@ -11,10 +11,10 @@ indexes or LISTEN), so the claim is a short transaction of statements rather tha
    not locked here is left, and parked when that row is stuck);
 4. park and stamp the rows by primary key; COMMIT releases the locks.
 
-A mark unparking what it freed, and a sweep parking rows not due yet
-(:mod:`sqla_outbox.waiting`), read those rows with a plain read first and change them by
-primary key, for the same reason: locks only on the rows they change (a derived table in the
-UPDATE was read with shared locks, on which two relays deadlocked).
+A mark unparking what it freed, a sweep unparking the rows nothing holds back any more and one
+parking rows not due yet (:mod:`sqla_outbox.waiting`) read those rows with a plain read first
+and change them by primary key, for the same reason: locks only on the rows they change (a
+derived table in the UPDATE was read with shared locks, on which two relays deadlocked).
 
 Why it keeps the promises: the locks taken in step 2 last until the commit, so no other relay
 can take or stamp those rows meanwhile; a row another relay has locked but not stamped yet is
@@ -56,6 +56,7 @@ class MySQLStore(SqlStore):
         self._waiting_head = queries.waiting_head_stmt(dialect)
         self._parked_behind = queries.parked_behind_stmt(dialect)
         self._unpark_rows = queries.unpark_rows_stmt(dialect)
+        self._sweep = queries.free_parked_stmt(dialect)  # read; unparked by _unpark_free
 
     def _claim_once(self, token: str, carried: WriteBack | None, params: dict[str, Any]) -> Claimed:
         now = params["now"]
@@ -83,6 +84,11 @@ class MySQLStore(SqlStore):
         """Unpark what ``ids`` held back: read, then changed by primary key (see
         :func:`~sqla_outbox.queries.parked_behind_stmt`)."""
         _read_then_change(conn, self._parked_behind, self._unpark_rows, {"ids": ids})
+
+    def _unpark_free(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Unpark the free rows of the sweep's window: read, then changed by primary key (see
+        :func:`~sqla_outbox.queries.sweep_parked_stmt`)."""
+        return _read_then_change(conn, self._sweep, self._unpark_rows, params)
 
     def _park_waiting_rows(self, conn: Connection, params: dict[str, Any]) -> int:
         """Park the rows not due for a while: read, then changed by primary key (see

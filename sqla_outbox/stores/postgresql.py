@@ -84,8 +84,10 @@ class PostgresStore(SqlStore):
         """The whole sweep as one statement (:func:`~sqla_outbox.queries.sweep_stmt`), then
         ``ANALYZE`` when rows moved in thousands (:mod:`sqla_outbox.analyzing`)."""
         with self._transaction(statements=1) as conn:
-            counts = self._rows(self._execute(conn, self._sweep, self._sweep_params()))[0]
-        swept = Swept(*counts)
+            params = self._sweep_params()
+            counts = self._rows(self._execute(conn, self._sweep, params))[0]
+        swept = Swept(*counts[:3])
+        self._advance(params, *counts[3:])
         self._stale.moved(swept.unparked + swept.woken + swept.parked)
         if self._stale.due():
             with self._transaction(statements=1) as conn:

@@ -45,6 +45,7 @@ from support import (
 import sqla_outbox as outbox
 from sqla_outbox import sweeping
 from sqla_outbox.message import OutboxMessage
+from sqla_outbox.stores import base
 
 LEASE = 1.0
 """Seconds: the claim lease of the tests where a lease has to lapse, or to be outlived."""
@@ -658,11 +659,13 @@ def test_relays_that_never_go_idle_still_sweep_a_parked_row(
 # --- rows not due yet (sqla_outbox.waiting) ------------------------------------------------------
 
 
+@pytest.mark.parametrize("window", [base.SWEEP_LIMIT, 4], ids=["window", "small-window"])
 def test_two_relays_park_rows_not_due_and_publish_each_once_when_its_time_comes(
     store_engine: Engine,
     make_relay: MakeRelay,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    window: int,
 ) -> None:
     """Two started relays sweeping every 20 ms over 60 transactions of three (keys spread as
     :func:`mixed_key`), the middle message of each scheduled a day ahead, and five keys headed
@@ -672,9 +675,11 @@ def test_two_relays_park_rows_not_due_and_publish_each_once_when_its_time_comes(
     published exactly once, the scheduled ones after their transactions' earlier rows, each
     row behind a backoff after it. No statement fails on the way: on MariaDB the marks of two
     relays deadlocked on the shared locks of the rows they unparked, until those were read
-    apart from the UPDATE."""
+    apart from the UPDATE. With a sweep window of 4 parked rows, the relays' cursors move over
+    the parked rows (:func:`sqla_outbox.queries.parked_window`) while all this goes on."""
     caplog.set_level(logging.WARNING, logger="sqla_outbox")
     monkeypatch.setattr(sweeping, "SWEEP_INTERVAL", 0.02)
+    monkeypatch.setattr(base, "SWEEP_LIMIT", window)
     day = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
     transactions = []
     for t in range(60):
