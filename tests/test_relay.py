@@ -693,8 +693,9 @@ def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: 
     else:
         # Four transactions: a claim, then a mark and its unpark (two UPDATEs) and a claim in
         # each of the others, a claim being two WITH statements (park, then claim); then the
-        # sweep's transaction (three UPDATEs: unpark, wake, park until due).
-        assert sent == {"BEGIN": 5, "WITH": 8, "UPDATE": 9}
+        # sweep's transaction (where its window of parked rows ends, then three UPDATEs:
+        # unpark, wake, park until due).
+        assert sent == {"BEGIN": 5, "WITH": 8, "UPDATE": 9, "SELECT": 1}
 
 
 def test_a_transaction_cut_by_the_batch_size_goes_on_in_the_next_claim(
