@@ -239,12 +239,16 @@ def _held_parked(table: Any) -> ColumnElement[bool]:
     return held
 
 
+def _later(first: Any, second: Any) -> ColumnElement[dt.datetime]:
+    """The later of two instants, ``second`` when ``first`` is NULL (one spelling for every
+    dialect: SQLite has no ``GREATEST``)."""
+    later: ColumnElement[dt.datetime] = case((first > second, first), else_=second)
+    return later
+
+
 def _due_at(table: Any) -> ColumnElement[dt.datetime]:
     """When a row comes due: the later of ``run_at`` and its retry backoff's end."""
-    due: ColumnElement[dt.datetime] = case(
-        (table.c.retry_at > table.c.run_at, table.c.retry_at), else_=table.c.run_at
-    )
-    return due
+    return _later(table.c.retry_at, table.c.run_at)
 
 
 def _from_now(dialect: str, ahead: str, instant: str) -> ColumnElement[dt.datetime]:
@@ -1087,7 +1091,7 @@ def unpark_rows_stmt(dialect: str) -> Update:
     return update(t).where(_ids(dialect), t.c.parked, _held_parked(t)).values(parked=False)
 
 
-def parked_window(dialect: str) -> Select[Any]:
+def parked_window() -> Select[Any]:
     """The parked rows one sweep reads (see :func:`free_parked_stmt`): up to ``:limit`` of them
     in claim order after the sweep's cursor, the row ``(:after_staged_at, :after_id)``, read
     from ``ix_outbox_parked_group``, rows parked until due included.
@@ -1156,7 +1160,7 @@ def free_parked_stmt(dialect: str, window: Any = None) -> Select[Any]:
     few seconds, under the relay's pass lock.
     """
     t = outbox_table
-    row = parked_window(dialect).subquery("parked_row") if window is None else window
+    row = parked_window().subquery("parked_row") if window is None else window
 
     def predecessor_stuck(column: str) -> ColumnElement[bool]:
         """Whether the due, unpublished row just before ``row`` in its group is stuck."""
@@ -1290,7 +1294,7 @@ def sweep_stmt() -> Select[Any]:
     The three never meet a row twice in the one snapshot they share: the first changes parked
     rows without a ``wake_at``, the second rows with one, the third rows not parked.
     """
-    window = parked_window("postgresql").cte("parked_row")
+    window = parked_window().cte("parked_row")
     parts = {
         "unparked": sweep_parked_stmt("postgresql", window),
         "woken": wake_stmt("postgresql"),
@@ -1565,7 +1569,7 @@ def _oldest_due(table: Any, now: ColumnElement[dt.datetime]) -> Label[dt.datetim
     "older" than ``status --max-age`` the moment it was staged, and a probe paged for it until it
     was due and published.
     """
-    came_due = case((table.c.run_at > table.c.staged_at, table.c.run_at), else_=table.c.staged_at)
+    came_due = _later(table.c.run_at, table.c.staged_at)
     return func.min(case((table.c.run_at <= now, came_due))).label("oldest_due_at")
 
 

@@ -98,9 +98,7 @@ class SqlStore:
         self._sweep: Update | Select[Any] = queries.sweep_parked_stmt(dialect)
         """The sweep's first statement here (on MySQL and MariaDB the read of what it unparks);
         the whole sweep where a store runs it as one."""
-        self._window_end = queries.window_end_stmt(
-            queries.parked_window(dialect).subquery("parked_row")
-        )
+        self._window_end = queries.window_end_stmt(queries.parked_window().subquery("parked_row"))
         self._parked_cursor = ParkedCursor()
         self._park_waiting = queries.park_waiting_stmt(dialect)
         self._wake = queries.wake_stmt(dialect)
