@@ -57,7 +57,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
 import sqla_outbox as outbox
@@ -259,7 +258,8 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     back here, so the relay sends only its fast statements (``queries.claim_stmt``); a claim
     that found the outbox crowded would make this arm measure something else, and stops it.
     The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does,
-    and sends the numbered SQL through a ``RawCursor``, as the relay does (driver_sql.execute).
+    and sends the numbered SQL through the relay's own ``RawCursor``, which also reads ``jsonb``
+    as the relay does (``driver_sql.relay_cursor``).
     ``whole`` is false, as for a relay alone whose claims are never crowded
     (:mod:`sqla_outbox.trimming`).
     """
@@ -268,7 +268,7 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     with ctx.raw() as conn:
         conn.execute(b"SET jit = off")
         driver_sql.send_arrays_binary(conn)
-        cursor = psycopg.RawCursor(conn)
+        cursor = driver_sql.relay_cursor()(conn)
         published = 0
         previous: dict[str, Any] = {}
         start = time.perf_counter()

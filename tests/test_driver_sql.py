@@ -98,3 +98,82 @@ def test_a_tolerant_claim_decodes_jsonb_with_the_connections_own_loads(pg_engine
         result = relay.drain()
     assert inputs == [{"decoded by": "the application", "order_id": 2}]
     assert (result.published, result.failed) == (1, True)
+
+
+_JSONB_VALUES = (
+    '{"order_id": 7, "note": "caf\\u00e9 \\u2603 \\ud83d\\ude00 \\"quoted\\" \\\\ / \\t"}',
+    '[1, -2.5, 1e-7, 12345678901234567890123, true, false, null, "x"]',
+    '"a scalar string, \\u00fcber"',
+    "3.14159265358979323846264338327950288",
+    '{"nested": {"deeper": [{"deepest": {}}, []]}, "": "empty key"}',
+    "null",
+)
+
+
+def test_relay_statements_decode_jsonb_exactly_as_the_connection_would(pg_engine: Engine) -> None:
+    """The relay's cursor decodes ``jsonb`` without ``json.loads``' encoding detection (see
+    ``driver_sql._jsonb_loader``): every value, non-ASCII and non-BMP text, huge integers and
+    long decimals included, comes out equal and of the same types as through the connection's
+    own loader, and the connection keeps that loader."""
+    from psycopg.types.json import JsonbLoader  # noqa: PLC0415 - this test's driver
+
+    selects = ", ".join(f"CAST(:v{n} AS jsonb)" for n in range(len(_JSONB_VALUES)))
+    params = {f"v{n}": value for n, value in enumerate(_JSONB_VALUES)}
+    statement = driver_sql.precompile(text(f"SELECT {selects}"), pg_engine.dialect)
+    with pg_engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        jsonb = driver.adapters.types["jsonb"].oid
+        before = driver.adapters.get_loader(jsonb, pq.Format.TEXT)
+        assert before is JsonbLoader  # psycopg's own: the case the relay reads faster
+        relay_row = driver_sql.execute(conn, statement, params).one()
+        assert driver.adapters.get_loader(jsonb, pq.Format.TEXT) is before
+        own_row = conn.execute(text(f"SELECT {selects}"), params).one()
+    expected = [json.loads(value) for value in _JSONB_VALUES]
+    assert list(relay_row) == list(own_row) == expected
+    assert [_types(value) for value in relay_row] == [_types(value) for value in expected]
+
+
+def _types(value: Any) -> Any:
+    """``value``'s structure with each leaf replaced by its type."""
+    if isinstance(value, dict):
+        return {key: _types(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_types(item) for item in value]
+    return type(value)
+
+
+def test_a_relay_decodes_jsonb_with_a_loads_the_application_set(pg_engine: Engine) -> None:
+    """The faster decoding is for psycopg's own ``json.loads`` only: a ``set_json_loads`` of the
+    application's, on the connection or for the whole process (which psycopg sets on its loader
+    class itself, after the relay has already decoded with the default), decodes every claim."""
+    from psycopg.types.json import set_json_loads  # noqa: PLC0415 - this test's driver
+
+    def by(whom: str) -> Any:
+        return lambda data: {"decoded by": whom, **json.loads(data)}
+
+    def drain(order_id: int) -> list[Any]:
+        with Session(pg_engine) as session:
+            outbox.enqueue(session, "send_receipt", {"order_id": order_id})
+            session.commit()
+        inputs: list[Any] = []
+        with outbox.Relay(pg_engine, lambda message: inputs.append(message.input)) as relay:
+            relay.drain()
+        return inputs
+
+    assert drain(1) == [{"order_id": 1}]
+    try:
+        set_json_loads(by("the process"))
+        assert drain(2) == [{"decoded by": "the process", "order_id": 2}]
+
+        @event.listens_for(pg_engine, "connect")
+        def _custom_loads(dbapi_connection: Any, _record: Any) -> None:
+            set_json_loads(by("the connection"), dbapi_connection)
+
+        pg_engine.dispose()
+        assert drain(3) == [{"decoded by": "the connection", "order_id": 3}]
+    finally:
+        set_json_loads(json.loads)
+    pg_engine.dispose()
+    event.remove(pg_engine, "connect", _custom_loads)
+    assert drain(4) == [{"order_id": 4}]
