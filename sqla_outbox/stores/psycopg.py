@@ -2,8 +2,8 @@
 
 Everything driver-specific the library does lives here:
 
-* Every relay statement is compiled once (when first sent) and sent as numbered driver SQL through a
-  ``RawCursor`` (:func:`sqla_outbox.driver_sql.execute`) with psycopg's own parameter
+* Every relay statement is compiled once, when first sent, and sent as numbered driver SQL
+  through a ``RawCursor`` (:func:`sqla_outbox.driver_sql.execute`) with psycopg's own parameter
   adaptation, and the claim's rows are read straight from the cursor (uuid, jsonb -> dict,
   timestamptz): the claim is the one statement whose rows are many, and SQLAlchemy's per-value
   processing was a fifth of a drain's time.
