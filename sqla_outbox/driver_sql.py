@@ -43,7 +43,7 @@ from sqla_outbox.coltypes import undecodable
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Precompiled", "applies", "execute", "precompile", "send_arrays_binary"]
+__all__ = ["Precompiled", "applies", "execute", "precompile", "relay_cursor", "send_arrays_binary"]
 
 _PLACEHOLDER = re.compile(r"%\((?P<name>[^)]+)\)(?P<format>[sb])|%%")
 """A pyformat placeholder as SQLAlchemy renders it for psycopg (``%(name)s``, or ``%(name)b``
