@@ -49,9 +49,11 @@ class Swept(NamedTuple):
 
 
 class SweepClock:
-    """Says when a relay is due to sweep: :data:`SWEEP_INTERVAL` after it last swept, or after
-    it started. Idle or busy, the same rule; a relay started with rows left parked frees them
-    within one interval.
+    """Says when a relay is due to sweep: at its first chance (between its first two passes, or
+    its first idle moment), then :data:`SWEEP_INTERVAL` after it last swept. Idle or busy, the
+    same rule. Sweeping at once matters after a time with no relay running: rows parked until
+    due that came due meanwhile, or rows parked behind a holder published without unparking
+    them, are freed when a relay starts rather than an interval later.
 
     Unlocked: the relay's loop (or a drain) asks it between passes. Two callers racing can at
     worst make one sweep early or late, never skip sweeping for good.
@@ -59,15 +61,16 @@ class SweepClock:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._last = clock()
+        self._last: float | None = None
 
     def swept(self) -> None:
         """A sweep has just run (whatever it found)."""
         self._last = self._clock()
 
     def due(self) -> bool:
-        """Whether :data:`SWEEP_INTERVAL` has passed since the last sweep (or the start)."""
-        return self._clock() - self._last >= SWEEP_INTERVAL
+        """Whether no sweep has run yet, or :data:`SWEEP_INTERVAL` has passed since the last."""
+        last = self._last
+        return last is None or self._clock() - last >= SWEEP_INTERVAL
 
 
 class ParkedCursor:

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
-from support import MakeRelay, pg_rows_read
+from support import WAIT, MakeRelay, ManualClock, pg_rows_read
 
 import sqla_outbox as outbox
 from sqla_outbox import analyzing, driver_sql, queries, waiting
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.sweeping import ParkedCursor, Swept
+from sqla_outbox.sweeping import ParkedCursor, SweepClock, Swept
 
 Row = outbox.OutboxRow
 DAY = dt.timedelta(days=1)
@@ -188,6 +188,36 @@ def test_a_scheduled_row_holds_nothing_back_and_only_the_sweep_wakes_it(
     arrive(engine, [scheduled.id])
     relay.drain()
     assert published.ids == [first.id, last.id, scheduled.id]
+
+
+def test_a_row_that_came_due_while_no_relay_ran_goes_out_when_a_relay_starts(
+    engine: Engine, make_relay: MakeRelay
+) -> None:
+    """A row parked until due whose time came while no relay ran: the next relay to start
+    sweeps at its first chance and publishes it. Its sweep clock never moves here, so a relay
+    that waited an interval before its first sweep (as relays did) would never publish it."""
+    later, due = enqueue_each(engine, [("later", None, DAY), ("due", None, None)])
+    with engine.begin() as conn:  # parked until due, as the last relay's sweep left it
+        conn.execute(
+            update(Row).where(Row.id == later.id).values(parked=True, wake_at=later.run_at)
+        )
+    arrive(engine, [later.id])  # the day passed with no relay running
+    published = Published()
+    everything = threading.Event()
+
+    def publish(message: OutboxMessage) -> None:
+        published(message)
+        if len(published.ids) == 2:
+            everything.set()
+
+    relay = make_relay(engine, publish, batch_size=10)
+    relay._sweeps = SweepClock(ManualClock())  # stands still: only a sweep at the start counts
+    relay.start()
+    try:
+        assert everything.wait(WAIT), f"published only {published.ids} of {[due.id, later.id]}"
+    finally:
+        relay.stop()
+    assert sorted(published.ids) == sorted([due.id, later.id])
 
 
 def test_the_sweep_parks_only_the_head_of_the_claim_index(
