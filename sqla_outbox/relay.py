@@ -501,14 +501,14 @@ class Relay:
         """
         listener = self._listener
         if listener is None or not listener.listening.is_set():
-            if self._sweeps.due() and self._sweep():
+            if self._sweeps.due(idle=True) and self._sweep():
                 return 0.0
             return self.poll_interval
         with self._pass_lock:  # on the held connection, as a pass is
             due_in, parked = self._statements.idle_plan()
         # Rows due so late that the sweep would park them ask for one as parked rows do.
         parked = parked or (due_in is not None and due_in > waiting.PARK_AHEAD.total_seconds())
-        if parked and self._sweeps.due() and self._sweep():
+        if parked and self._sweeps.due(idle=True) and self._sweep():
             return 0.0
         wait = min(IDLE_MAX, self.liveness_bound / 2)
         if due_in is not None:

@@ -15,8 +15,8 @@ a broker refuses, once each has failed) made a drain 2.5 times slower. So a rela
 
 A woken row is back in the claim's index at least ``WAKE_AHEAD - SWEEP_INTERVAL`` before it is
 due, and the claim's own test of ``run_at`` and ``retry_at`` takes it on time: nothing waits for
-a sweep. Only while no relay runs can a row come due parked; the next relay to start sweeps at
-its first chance (:class:`~sqla_outbox.sweeping.SweepClock`) and wakes it.
+a sweep. Only while no relay runs can a row come due parked; the next relay to start wakes it,
+at once if it finds nothing else to claim (:class:`~sqla_outbox.sweeping.SweepClock`).
 
 A parked row keeps its meaning: a scheduled row holds nothing back before it is due, and a row
 in its backoff holds its transaction's and key's later rows (parked rows are stuck holders to

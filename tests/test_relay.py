@@ -676,8 +676,7 @@ def test_a_failed_row_holds_back_the_rest_of_its_transaction_only(
 def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: MakeRelay) -> None:
     """drain() sends a claim's mark with the next claim: one statement per pass on
     PostgreSQL, one transaction per pass on SQLite; the last, empty claim marks the last pass,
-    and one sweep (parked rows, rows parked until due) ends the drain. A relay also sweeps at
-    its first chance, here between its first two passes (sqla_outbox.sweeping.SweepClock)."""
+    and one sweep (parked rows, rows parked until due) ends the drain."""
     ids = stage(engine, 25)
     gate = Gate()
     relay = make_relay(engine, gate, batch_size=10)
@@ -688,15 +687,15 @@ def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: 
     assert [m.id for m in gate.published] == ids
     assert published_ids(engine) == set(ids)
     if engine.dialect.name == "postgresql":
-        # A claim, the first sweep (one statement of three UPDATEs in a WITH), then three
-        # mark-and-claims; then the sweep ending the drain finds nothing to unpark, wake or park.
-        assert sent == {"WITH": 6}
+        # A claim, then three mark-and-claims; then the sweep (one statement of three UPDATEs
+        # in a WITH) finds nothing to unpark, wake or park.
+        assert sent == {"WITH": 5}
     else:
         # Four transactions: a claim, then a mark and its unpark (two UPDATEs) and a claim in
-        # each of the others, a claim being two WITH statements (park, then claim); and two
-        # sweeps' transactions (each: where its window of parked rows ends, then three
-        # UPDATEs: unpark, wake, park until due), the first after the first claim.
-        assert sent == {"BEGIN": 6, "WITH": 8, "UPDATE": 12, "SELECT": 2}
+        # each of the others, a claim being two WITH statements (park, then claim); then the
+        # sweep's transaction (where its window of parked rows ends, then three UPDATEs:
+        # unpark, wake, park until due).
+        assert sent == {"BEGIN": 5, "WITH": 8, "UPDATE": 9, "SELECT": 1}
 
 
 def test_a_transaction_cut_by_the_batch_size_goes_on_in_the_next_claim(

@@ -194,8 +194,9 @@ def test_a_row_that_came_due_while_no_relay_ran_goes_out_when_a_relay_starts(
     engine: Engine, make_relay: MakeRelay
 ) -> None:
     """A row parked until due whose time came while no relay ran: the next relay to start
-    sweeps at its first chance and publishes it. Its sweep clock never moves here, so a relay
-    that waited an interval before its first sweep (as relays did) would never publish it."""
+    publishes the due row, finds nothing more to claim, sweeps at once and publishes it. Its
+    sweep clock never moves here, so a relay that waited an interval before its first sweep (as
+    relays did) would never publish it."""
     later, due = enqueue_each(engine, [("later", None, DAY), ("due", None, None)])
     with engine.begin() as conn:  # parked until due, as the last relay's sweep left it
         conn.execute(
@@ -211,7 +212,7 @@ def test_a_row_that_came_due_while_no_relay_ran_goes_out_when_a_relay_starts(
             everything.set()
 
     relay = make_relay(engine, publish, batch_size=10)
-    relay._sweeps = SweepClock(ManualClock())  # stands still: only a sweep at the start counts
+    relay._sweeps = SweepClock(ManualClock())  # stands still: no interval ever passes
     relay.start()
     try:
         assert everything.wait(WAIT), f"published only {published.ids} of {[due.id, later.id]}"
