@@ -52,12 +52,18 @@ __all__ = [
 ]
 
 
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def compact_json(value: Any) -> str:
     """``value`` as compact JSON text (no spaces, non-ASCII kept as is): what publishers send.
 
     One spelling for every broker, so a consumer reading two of them sees byte-identical input.
+    The text is ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``, written by one
+    encoder built once: ``json.dumps`` with options builds a new encoder on every call, about
+    half of the 3 us it takes to encode a small input, once per message published.
     """
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT.encode(value)
 
 
 class OutboxMessage(NamedTuple):

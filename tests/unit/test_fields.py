@@ -300,6 +300,29 @@ def test_a_publisher_cannot_name_a_field_that_does_not_exist() -> None:
         wire_fields(lambda name: name, text=True, elsewhere={"odering_key"})
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        {"order_id": 12345, "items": [1, 2.5, True, None], "note": "caf\u00e9 \u2603 \U0001f600"},
+        'a "quoted" line\nbreak',
+        [float("inf"), float("nan"), -0.0, 10**30],
+        {"nested": {"deep": [{"k": "v"}]}, "": ""},
+    ],
+)
+def test_compact_json_spells_input_as_json_dumps_does(value: Any) -> None:
+    """The encoder built once writes the text ``json.dumps`` with the same options writes."""
+    assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_compact_json_refuses_what_json_dumps_refuses() -> None:
+    for bad in ({"when": dt.date(2026, 1, 1)}, {1j: "key"}):
+        with pytest.raises(TypeError):
+            json.dumps(bad, ensure_ascii=False, separators=(",", ":"))
+        with pytest.raises(TypeError):
+            compact_json(bad)
+
+
 def test_input_is_compact_json_where_headers_hold_text() -> None:
     """The text spelling of ``input`` is the one every broker's payload uses."""
     assert redis_streams.entry_fields(FULL)["input"] == compact_json(FULL.input)
