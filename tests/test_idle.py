@@ -115,7 +115,7 @@ def test_a_row_due_much_later_brings_a_sweep_that_parks_it(
     clock = ManualClock()
     relay = _as_if_listening(make_relay, pg_engine)
     relay._sweeps = SweepClock(clock)
-    relay._sweep()  # the sweep a relay makes at its first chance, before the row was committed
+    relay._sweep()  # the sweep a relay makes when it first finds nothing, before the commit
     with Session(pg_engine) as session:
         outbox.enqueue(session, "tomorrow", run_at=dt.timedelta(days=1))
         session.commit()
