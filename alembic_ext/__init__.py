@@ -59,15 +59,15 @@ Autogenerate
     ...
     def upgrade():
         op.create_table('orders', ...)          # your tables, as usual
-        op.create_outbox_table(version=4)
+        op.create_outbox_table(version=5)
 
     def downgrade():
-        op.drop_outbox_table(version=4)
+        op.drop_outbox_table(version=5)
         op.drop_table('orders')
 
 instead of the outbox's columns and partial indexes spelled out. On a database whose outbox is
-an older version it writes ``op.upgrade_outbox_table(3, 4)`` (or ``(1, 4)`` from version 1,
-``(2, 4)`` from version 2; and the reverse, ``op.upgrade_outbox_table(4, 3)``, in
+an older version it writes ``op.upgrade_outbox_table(4, 5)`` (or ``(1, 5)`` from version 1,
+``(2, 5)`` from version 2, and so on; and the reverse, ``op.upgrade_outbox_table(5, 4)``, in
 ``downgrade()``) instead of Alembic's ``add_column``/``create_index`` for the new columns and
 indexes. Once the table is current, autogenerate (and ``alembic check``) report nothing for it,
 with ``compare_type`` and ``compare_server_default`` on. If you stop including
@@ -85,7 +85,7 @@ keep the outbox in its own schema, create the schema first and pass it along (to
 operation), and put the table in that schema in your target metadata so autogenerate agrees::
 
     op.execute("CREATE SCHEMA IF NOT EXISTS jobs")
-    op.create_outbox_table(version=4, schema="jobs")
+    op.create_outbox_table(version=5, schema="jobs")
 
     # env.py
     outbox_md = MetaData()

@@ -284,10 +284,12 @@ def upgrade_outbox_table(operations: Operations, operation: UpgradeOutboxTableOp
 
     Up: add the step's columns (Alembic's ``add_column``, so defaults and types render as in
     any migration), create its indexes (``IF NOT EXISTS``: see the module docs), set the comment.
-    Down: make the rows mean the same to the older version where the step says how
-    (:attr:`~sqla_outbox.versions.Step.before_removal`: version 4 unparks the rows it parked
-    until due), drop its indexes (SQLite refuses to drop an indexed column), then its columns,
-    then restore the older comment.
+    Then make the rows kept mean the same to the new version where the step says how
+    (:attr:`~sqla_outbox.versions.Step.after_addition`: version 5 unparks the rows parked behind
+    a holder, which name none). Down: make the rows mean the same to the older version where the
+    step says how (:attr:`~sqla_outbox.versions.Step.before_removal`: version 4 unparks the rows
+    it parked until due), drop its indexes (SQLite refuses to drop an indexed column), then its
+    columns, then restore the older comment.
     """
     schema = operation.schema
     for old, new in operation.steps():
@@ -298,6 +300,8 @@ def upgrade_outbox_table(operations: Operations, operation: UpgradeOutboxTableOp
                 operations.add_column(TABLE_NAME, table.c[name], schema=schema)
             for name in sorted(step.index_names()):
                 operations.impl.create_index(_index(table, name), if_not_exists=True)
+            if step.after_addition is not None:
+                operations.execute(step.after_addition(table))
         else:
             table = outbox_table(schema, version=old)
             step = STEPS[old]

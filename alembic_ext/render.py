@@ -1,7 +1,7 @@
 """Autogenerate renderers: how the outbox operations are written into a migration script.
 
 Without a renderer Alembic cannot put a custom operation into a generated file. The version is
-always written out (``op.create_outbox_table(version=4)``, ``op.upgrade_outbox_table(3, 4)``):
+always written out (``op.create_outbox_table(version=5)``, ``op.upgrade_outbox_table(4, 5)``):
 a bare ``op.create_outbox_table()`` means version 1, the table released first, so the explicit
 number is what keeps a generated migration meaning the table it was generated for. ``schema=``
 is written only when the table lives outside the default schema.

@@ -13,13 +13,10 @@ databases (and between the library's claim and the raw-SQL claim of
 :data:`benchmarks.drain.RAW_CLAIM`), each timed alone and followed, untimed, by a mark of its
 rows so the backlog drains the same way in both. The backlog is refilled before it runs low.
 
-The library's claim is executed exactly as the relay runs it (:class:`LibraryClaim`): the
-statement from :func:`sqla_outbox.queries.claim_stmt`, pre-compiled as driver SQL
-(:mod:`sqla_outbox.driver_sql`), on one autocommit connection of the same engine held across
-claims, with ``SET jit = off`` on it as :mod:`sqla_outbox.claims` does, the window widened by
-the rows the previous claim had to leave. The comparison is each claim against itself with and
-without history, so the baseline is the same code on the same backlog: only the history
-differs. The raw-SQL row is informative.
+The library's claim is the relay's own (:class:`LibraryClaim`): its store's claim
+(:mod:`sqla_outbox.stores`), on the connection the store holds across claims. The comparison is
+each claim against itself with and without history, so the baseline is the same code on the
+same backlog: only the history differs. The raw-SQL row is informative.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import datetime as dt
 import secrets
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,9 +43,15 @@ from benchmarks.harness import (
     make_engine,
     recreate_database,
 )
-from sqla_outbox import driver_sql, queries
-from sqla_outbox.claims import next_window
-from sqla_outbox.trimming import Trimming
+from sqla_outbox import queries
+from sqla_outbox.liveness import Liveness
+from sqla_outbox.retries import (
+    DEFAULT_MAX_PUBLISH_ATTEMPTS,
+    DEFAULT_RETRY_BASE,
+    DEFAULT_RETRY_MAX,
+    resolve_retry_policy,
+)
+from sqla_outbox.stores import PostgresStore, open_store, psycopg_sql
 
 __all__ = [
     "BATCH",
@@ -89,82 +93,58 @@ def history_url(url: URL) -> URL:
 
 
 class LibraryClaim:
-    """The relay's claim, sent as the relay sends it, on one database.
+    """The relay's claim, made as a relay makes it: the store a ``Relay`` on this engine opens
+    (:func:`sqla_outbox.stores.open_store`), its ``claim()`` timed whole (statements, rows
+    read, messages built), on the connection the store holds across claims.
 
-    What :class:`sqla_outbox.claims.ClaimStatements` does for a claim without a pending mark:
-
-    * the statement of :func:`sqla_outbox.queries.claim_stmt`, compiled once by
-      :func:`sqla_outbox.driver_sql.precompile` and sent by
-      :func:`~sqla_outbox.driver_sql.execute`, its rows read as psycopg tuples from the cursor;
-    * on one autocommit connection held across claims, with ``SET jit = off`` run on it once
-      (the relay's held connection does the same: the claim's cost estimate crosses
-      ``jit_above_cost`` at a window of about 1,000 rows, and JIT compilation then costs more
-      than the claim);
-    * parameters ``limit`` (the batch), ``window``, ``token`` and ``lease`` (30 s); the window
-      starts at the batch and widens after each claim by
-      :func:`sqla_outbox.claims.next_window`, ``held`` being the claim's second leading column;
-    * the fast claim (``claim_stmt(fast=True)``) while the last claim found the outbox
-      uncrowded (third leading column) and the window is the batch, followed at once by the
-      full claim when it answers crowded; the full claim otherwise; ``whole`` as the relay sets
-      it (:class:`sqla_outbox.trimming.Trimming`).
-
-    Call it with a token; it returns ``(seconds, parked, held, claimed ids)``, the seconds
-    covering the execute and the fetch of the rows only.
+    Call it with a token; it returns ``(seconds, parked, held, claimed ids)``.
     """
 
-    def __init__(self, autocommit: Engine, batch: int = BATCH) -> None:
-        dialect = autocommit.dialect
-        if not driver_sql.applies(dialect, autocommit.get_execution_options()):
-            raise RuntimeError("the benchmarks run on postgresql+psycopg only")
+    def __init__(self, engine: Engine, batch: int = BATCH) -> None:
         self.batch = batch
-        self.window = batch
-        self._claim = driver_sql.precompile(queries.claim_stmt(dialect.name), dialect)
-        self._fast = driver_sql.precompile(queries.claim_stmt(dialect.name, fast=True), dialect)
-        self.crowded = False
-        self.trimming = Trimming()
-        self.conn: Connection = autocommit.connect()
-        self.conn.exec_driver_sql("SET jit = off")
+        self.store = open_store(
+            engine,
+            relay_id="bench",
+            order="key",
+            batch_size=batch,
+            claim_lease=LEASE,
+            retry=resolve_retry_policy(
+                DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX
+            ),
+            liveness=Liveness(),
+        )
+        self._window = psycopg_sql.precompile(queries.window_stmt("postgresql"), engine.dialect)
 
     def __call__(self, token: str) -> tuple[float, int, int, list[Any]]:
         start = time.perf_counter()
-        fast = not self.crowded and self.window == self.batch
-        rows = self._send(self._fast if fast else self._claim, token, whole=self.trimming.on)
-        if rows[0][2]:
-            self.trimming.crowded()
-        if fast and rows[0][2]:
-            # crowded: the full claim, as the relay does
-            rows = self._send(self._claim, token, whole=True)
+        claimed = self.store.claim(token, None)
         elapsed = time.perf_counter() - start
-        parked, held, self.crowded = rows[0][0], rows[0][1], rows[0][2]
-        ids = [row[3] for row in rows if row[3] is not None]
-        self.window = next_window(self.window, self.batch, held)
-        return elapsed, parked, held, ids
+        return elapsed, claimed.parked, claimed.held, [m.id for m in claimed.messages]
 
-    def _params(self, token: str, *, whole: bool) -> dict[str, Any]:
-        return {
-            "limit": self.batch,
-            "window": self.window,
-            "lease": LEASE,
-            "token": token,
-            "whole": whole,
-        }
+    @property
+    def conn(self) -> Connection:
+        """The connection the store holds across claims."""
+        return self.store._held_connection()
 
-    def _send(self, claim: driver_sql.Precompiled, token: str, *, whole: bool) -> list[Any]:
-        params = claim.params(self._params(token, whole=whole))
-        result = driver_sql.execute(self.conn, claim, params)
-        rows = result.cursor.fetchall()  # type: ignore[union-attr]
-        result.close()
-        return rows
+    def afresh(self) -> None:
+        """Forget what the last claims found, as a relay that just started."""
+        if isinstance(self.store, PostgresStore):
+            self.store._crowded = False
 
     def sql(self) -> tuple[str, dict[str, Any]]:
-        """The statement and the parameters of the next claim (for ``EXPLAIN``)."""
-        params = self._params("explain", whole=self.trimming.on)
-        return self._claim.text(params), self._claim.params(params)
+        """A claim's first window read and its parameters (for ``EXPLAIN``)."""
+        params = {
+            "window": self.batch,
+            "after_staged_at": dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc),
+            "after_id": uuid.UUID(int=0),
+            "done": "explain",
+            "lease": LEASE,
+        }
+        return self._window.text(params), self._window.params(params)
 
     def close(self) -> None:
-        """Reset ``jit`` (as the relay does before its connection goes back to the pool)."""
-        self.conn.exec_driver_sql("RESET jit")
-        self.conn.close()
+        """Let go of the store's connection."""
+        self.store.drop_connection()
 
 
 def explain_claim(ctx: Context, claim: LibraryClaim) -> str:
@@ -234,7 +214,7 @@ def side_context(ctx: Context, url: URL, engine: Engine) -> Context:
 def claim_side(ctx: Context, url: URL, engine: Engine, **fields: Any) -> ClaimSide:
     """A :class:`ClaimSide` on the database ``url`` (``engine`` is the suite's engine on it)."""
     side_ctx = side_context(ctx, url, engine)
-    claim = LibraryClaim(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    claim = LibraryClaim(engine)
     return ClaimSide(side_ctx, claim, side_ctx.raw(), **fields)
 
 

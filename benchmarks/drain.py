@@ -9,7 +9,7 @@ Workload 3, per batch size, three arms:
 
 * **ours**: ``Relay(engine, lambda m: None, batch_size=b, relay_id="ours").drain()`` (a relay
   id as short as the baseline's token prefix: :data:`BENCH_RELAY_ID`): one statement per pass,
-  each pass's mark riding on the next claim (:func:`sqla_outbox.queries.mark_and_claim_stmt`).
+  each pass's mark riding on the next claim (:func:`sqla_outbox.queries.fast_claim_stmt`).
 * **raw SQL** (the baseline): a psycopg 3 loop in autocommit, on the same table, doing the
   minimal equivalent of a relay pass: a one-statement claim (``UPDATE ... WHERE id =
   ANY(ARRAY(SELECT ... ORDER BY staged_at, id LIMIT b FOR UPDATE SKIP LOCKED)) RETURNING`` the
@@ -22,11 +22,11 @@ Workload 3, per batch size, three arms:
 * **library SQL, no Python** (informative): the same psycopg loop sending the relay's exact
   statements (compiled from :mod:`sqla_outbox.queries` as the relay compiles them: a claim,
   then each pass's mark inside the next claim, as ``Relay.drain()`` does), with the relay's
-  parameters (window = batch size, widened as the relay widens it) and, like the relay's
-  connection, ``SET jit = off``, read through the relay's cursor (its ``jsonb`` decoding). It
-  splits the gap between the other two: ``raw SQL -> library SQL`` is what the library's claim
-  costs in the database, less what that decoding saves (about 2.5 us a row),
-  ``library SQL -> ours`` is SQLAlchemy and Python per row and per pass.
+  parameters and, like the relay's connection, ``SET jit = off``, read through the relay's
+  cursor (its ``jsonb`` decoding). It splits the gap between the other two: ``raw SQL ->
+  library SQL`` is what the library's claim costs in the database, less what that decoding
+  saves (about 2.5 us a row), ``library SQL -> ours`` is SQLAlchemy and Python per row and per
+  pass.
 * **ordered raw SQL** (informative): the raw loop with the cheapest claim that keeps each
   transaction's order (:data:`RAW_ORDERED_CLAIM`: a bounded look at what lies before the
   candidates, rows handed back in claim order). ``raw SQL -> ordered raw SQL`` is what keeping
@@ -73,7 +73,8 @@ from benchmarks.harness import (
     snapshot_outbox,
 )
 from benchmarks.held_rows import DEAD_LETTERS, HELD_ROWS, INSERT_HELD, PARK_HELD
-from sqla_outbox import driver_sql, queries
+from sqla_outbox import queries
+from sqla_outbox.stores import psycopg_sql
 
 __all__ = [
     "BATCH_SIZES",
@@ -237,16 +238,16 @@ def _drain_raw(ctx: Context, batch_size: int, *, ordered: bool = False) -> tuple
         return published, time.perf_counter() - start
 
 
-def _library_sql(ctx: Context) -> tuple[driver_sql.Precompiled, driver_sql.Precompiled]:
-    """The relay's claim and mark-and-claim for an uncrowded outbox (``fast=True``, what a
-    relay alone on this backlog sends), compiled as the relay compiles them for psycopg.
+def _library_sql(ctx: Context) -> tuple[psycopg_sql.Precompiled, psycopg_sql.Precompiled]:
+    """The relay's one-statement claim, without and with a mark riding on it (what a relay
+    alone on this backlog sends), compiled as the relay compiles them for psycopg.
 
     Each keeps its own literal parameters: both statements have a ``param_1``, and it is not
     the same value.
     """
     dialect = ctx.engine.dialect
-    claim = driver_sql.precompile(queries.claim_stmt(dialect.name, fast=True), dialect)
-    merged = driver_sql.precompile(queries.mark_and_claim_stmt(fast=True), dialect)
+    claim = psycopg_sql.precompile(queries.fast_claim_stmt(), dialect)
+    merged = psycopg_sql.precompile(queries.fast_claim_stmt(mark=True), dialect)
     return claim, merged
 
 
@@ -254,22 +255,20 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     """The relay's exact statements from a bare psycopg loop: the library's SQL, minus Python.
 
     As ``Relay.drain()`` sends them: a claim, then each pass's mark inside the next claim (the
-    ``marked`` and ``unparked`` counts first, then the claim's ``parked``, ``held`` and
-    ``crowded``, then the message columns), until a claim comes back empty. Nothing is held
-    back here, so the relay sends only its fast statements (``queries.claim_stmt``); a claim
-    that found the outbox crowded would make this arm measure something else, and stops it.
+    ``marked`` and ``unparked`` counts first, then ``crowded``, then the message columns),
+    until a claim comes back empty. Nothing is held back here, so the relay sends only its
+    one-statement claims; a claim that found the outbox crowded would make this arm measure
+    something else, and stops it.
     The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does,
     and sends the numbered SQL through the relay's own ``RawCursor``, which also reads ``jsonb``
-    as the relay does (``driver_sql.relay_cursor``).
-    ``whole`` is false, as for a relay alone whose claims are never crowded
-    (:mod:`sqla_outbox.trimming`).
+    as the relay does (``psycopg_sql.relay_cursor``).
     """
     claim, merged = _library_sql(ctx)
     lease = dt.timedelta(seconds=30)
     with ctx.raw() as conn:
         conn.execute(b"SET jit = off")
-        driver_sql.send_arrays_binary(conn)
-        cursor = driver_sql.relay_cursor()(conn)
+        psycopg_sql.send_arrays_binary(conn)
+        cursor = psycopg_sql.relay_cursor()(conn)
         published = 0
         previous: dict[str, Any] = {}
         start = time.perf_counter()
@@ -277,9 +276,9 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
             token = f"lib:{secrets.token_hex(8)}"
             statement = merged if previous else claim
             params = statement.params(
-                {**previous, "limit": batch_size, "lease": lease, "token": token, "whole": False}
+                {"done": token, **previous, "limit": batch_size, "lease": lease, "token": token}
             )
-            header = 5 if previous else 3
+            header = 3 if previous else 1
             sql = statement.text(params, numbered=True)  # as the relay sends it
             rows = cursor.execute(sql.encode(), statement.values(params)).fetchall()
             if rows[0][header - 1]:
@@ -290,7 +289,7 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
             if not rows:
                 break
             published += len(rows)
-            previous = {"previous_token": token, "previous_ids": [row[0] for row in rows]}
+            previous = {"done": token, "previous_ids": [row[0] for row in rows]}
         return published, time.perf_counter() - start
 
 

@@ -16,16 +16,15 @@ keyless rows (committed through ``outbox.enqueue``, ten per transaction):
   - the rest of the block: later rows of the dead letter's ordering key, held back by the key.
 
 Both are ``VACUUM ANALYZE``d and checkpointed. Then, untimed, the library's claim runs on each
-database until it stops parking rows (its first column), the window widened as the relay
-widens it (:func:`sqla_outbox.claims.next_window`), every claimed row
-marked published: the steady state of a relay that has met the dead letters. A relay gets
-there within a few claims; the measured claims see what it sees from then on.
+database until it stops parking rows, every claimed row marked published: the steady state
+of a relay that has met the dead letters. A relay gets there within a few claims; the
+measured claims see what it sees from then on.
 
 Then claims of :data:`~benchmarks.claim_history.BATCH` rows alternate between the two
 databases, each timed alone and followed, untimed, by a mark of its rows, as in
-:mod:`benchmarks.claim_history`. The library's claim is sent exactly as the relay sends it
-(:class:`~benchmarks.claim_history.LibraryClaim`: pre-compiled driver SQL on a held autocommit
-connection with ``SET jit = off``, window widening). The comparison is the claim against itself
+:mod:`benchmarks.claim_history`. The library's claim is the relay's own
+(:class:`~benchmarks.claim_history.LibraryClaim`: its store's claim, on the connection the
+store holds across claims). The comparison is the claim against itself
 with and without the held rows: only those differ. The backlog is refilled (the held rows stay,
 parked) before it runs low.
 
@@ -39,8 +38,8 @@ Informative rows, against the steady claim without held rows:
 
 * the first claim on ``<db>_held``, before anything is parked (every held row unparked and the
   table vacuumed again, :data:`FIRST_CLAIMS` times, once with ``--quick``);
-* the slowest claim of the parking that follows: the window widens by the rows each claim
-  leaves, up to 16 batches, so the claims grow until every held row is parked (their windows,
+* the slowest claim of the parking that follows: each claim parks what its windows read, up
+  to :data:`sqla_outbox.plan.MOST_READ_BATCHES` batches, until every held row is parked (their
   times and parked rows are in the JSON, with the claims and seconds the parking took);
 * the library's claim against the raw-SQL claim (:data:`benchmarks.drain.RAW_CLAIM`) on the
   database without held rows. The raw claim cannot run on ``<db>_held``: it knows no dead
@@ -154,7 +153,7 @@ def _settle(side: ClaimSide) -> list[tuple[int, float, int]]:
     """
     claims: list[tuple[int, float, int]] = []
     while len(claims) < SETTLE_LIMIT:
-        window = side.claim.window
+        window = side.claim.batch
         elapsed, parked, _held, ids = side.claim(f"settle:{secrets.token_hex(8)}")
         side.mark(ids)
         claims.append((window, elapsed * 1000, parked))
@@ -179,7 +178,7 @@ def _first_claims(held: ClaimSide, times: int) -> dict[str, Any]:
     plan = ""
     for _ in range(times):
         held.ctx.sql(UNPARK_HELD, "VACUUM ANALYZE outbox", "CHECKPOINT")
-        held.claim.window, held.claim.crowded = held.claim.batch, False
+        held.claim.afresh()
         if not plan:
             plan = explain_claim(held.ctx, held.claim)
         each = _settle(held)
@@ -214,13 +213,7 @@ def run(ctx: Context) -> list[Result]:
     )
     with held.ctx.raw() as conn:
         conn.execute(INSERT_HELD.encode())
-    windows: list[int] = []
-    held_claim = library_claim(held)
-
-    def held_arm() -> float:
-        windows.append(held.claim.window)
-        return held_claim()
-
+    held_arm = library_claim(held)
     arms: dict[str, Callable[[], float]] = {
         "library, held": held_arm,
         "library, none": library_claim(none),
@@ -272,7 +265,6 @@ def run(ctx: Context) -> list[Result]:
             paired_ratio=_paired(held_samples, none_samples),
             extra={
                 "p90_ms": {"held": _p90(held_samples), "none": _p90(none_samples)},
-                "widest_window_measured": max(windows),
                 "explain_analyze_held": plan,
             },
         ),

@@ -29,7 +29,7 @@ class Order(Base):
 def main(url: str) -> None:
     engine = outbox.create_engine(url)  # on SQLite: real transactions and savepoints
     Base.metadata.create_all(engine)
-    outbox.metadata.create_all(engine)  # in an app: a migration, op.create_outbox_table(version=4)
+    outbox.metadata.create_all(engine)  # in an app: a migration, op.create_outbox_table(version=5)
 
     with Session(engine) as session:
         order = Order(email="ada@example.com")

@@ -49,12 +49,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-import sqlalchemy as sa
 from click.core import ParameterSource
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from sqla_outbox import queries, retention
+from sqla_outbox import retention
 from sqla_outbox.dead_letters import (
     DISCARD_PRIVILEGES,
     LIST_PRIVILEGES,
@@ -83,6 +82,7 @@ from sqla_outbox.relay import Relay
 from sqla_outbox.retries import DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX
 from sqla_outbox.schema_errors import is_permission_denied, raise_if_missing_table
 from sqla_outbox.settings import DEFAULT_CLAIM_LEASE, resolve_claim_lease
+from sqla_outbox.stores.operating import operations_for
 
 __all__ = ["cli", "main"]
 
@@ -702,7 +702,6 @@ def _thresholds_crossed(
 
 
 def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStatus:
-    dialect = engine.dialect.name
     with _outbox_transaction(
         engine,
         url,
@@ -710,16 +709,10 @@ def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStat
         needed_by="sqla-outbox status",
         doing="while reading the outbox",
     ) as conn:
-        if dialect == "postgresql":
-            # Leases are measured on the database's clock; ages must be too.
-            now: dt.datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
-            params: dict[str, Any] = {}
-        else:
-            now = dt.datetime.now(dt.timezone.utc)
-            params = {"now": now}
-        counts = conn.execute(queries.status_stmt(dialect), params).one()
-        claims = conn.execute(queries.claims_stmt()).all()
-        holding = conn.execute(queries.holding_stmt(), {"limit": HOLDING_SHOWN}).all()
+        # Leases and ages are measured on the clock that rules there (sqla_outbox.clock).
+        now, counts, claims, holding = operations_for(engine.dialect.name).status(
+            conn, HOLDING_SHOWN
+        )
     by_relay: dict[str, RelayClaims] = {}
     for token, held, claimed_at in claims:
         relay_id = str(token).rpartition(":")[0] or str(token)  # tokens: <relay_id>:<16 hex>

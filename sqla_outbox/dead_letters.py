@@ -45,12 +45,12 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from sqla_outbox import queries
-from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.notify import wake_local
 from sqla_outbox.preflight import check_outbox_table, operator_engine
 from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.stores.operating import operations_for
 
 __all__ = [
     "DISCARD_PRIVILEGES",
@@ -164,13 +164,9 @@ def message_ids(ids: Iterable[uuid.UUID | str] | None) -> list[uuid.UUID] | None
 # --- on a connection, in the caller's transaction ------------------------------------------------
 
 
-def _dialect(conn: Connection) -> str:
-    return conn.dialect.name
-
-
 def read_dead_letters(conn: Connection) -> list[DeadLetter]:
     """Every dead letter on ``conn``, in claim order."""
-    rows = conn.execute(queries.dead_letters_stmt()).all()
+    rows = operations_for(conn.dialect.name).dead_letters(conn)
     # The statement's columns: the message's, then attempts, last_error, retry_at, dead_at.
     # Its timestamp columns are aware UTC on every dialect (UTCDateTime), as the relay's are.
     return [
@@ -184,33 +180,12 @@ def read_dead_letters(conn: Connection) -> list[DeadLetter]:
     ]
 
 
-def _id_params(ids: Sequence[uuid.UUID] | None) -> dict[str, Any]:
-    return {} if ids is None else {"ids": list(ids)}
-
-
-def _lock_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
-    """The dead letters among ``ids`` (``None``: all), locked until ``conn``'s transaction ends.
-
-    For MySQL and MariaDB, whose UPDATE (and MySQL's DELETE) cannot return the rows it changed:
-    the ids read here are what the statement that follows, run on exactly these ids, changes.
-    """
-    statement = queries.dead_letters_stmt(_dialect(conn), ids=ids is not None, lock=True)
-    return list(conn.execute(statement, _id_params(ids)).scalars())
-
-
 def retry_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
     """Make the dead letters ``ids`` (``None``: all) claimable now, attempts reset; return the
     ids of the rows retried."""
     if ids is not None and not ids:
         return []
-    dialect = _dialect(conn)
-    if dialect in MYSQL_DIALECTS:
-        locked = _lock_dead_letters(conn, ids)
-        if locked:
-            conn.execute(queries.retry_dead_stmt(dialect, ids=True), {"ids": locked})
-        return locked
-    statement = queries.retry_dead_stmt(dialect, ids=ids is not None)
-    return list(conn.execute(statement, _id_params(ids)).scalars())
+    return operations_for(conn.dialect.name).retry_dead(conn, ids)
 
 
 def discard_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
@@ -218,18 +193,7 @@ def discard_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> l
     return the ids of the rows deleted. Run both in one transaction (``conn``'s)."""
     if ids is not None and not ids:
         return []
-    dialect = _dialect(conn)
-    locked = None
-    if dialect in MYSQL_DIALECTS:
-        ids = locked = _lock_dead_letters(conn, ids)
-        if not locked:
-            return []
-    # Unparking behind an id that turns out not to be a dead letter is harmless: a row still
-    # held back by something stuck is parked again by the next claim that meets it.
-    conn.execute(queries.unpark_behind_stmt(dialect, dead=ids is None), _id_params(ids))
-    statement = queries.delete_dead_stmt(dialect, ids=ids is not None)
-    result = conn.execute(statement, _id_params(ids))
-    return locked if locked is not None else list(result.scalars())
+    return operations_for(conn.dialect.name).discard_dead(conn, ids)
 
 
 # --- on a bind ---------------------------------------------------------------------------------

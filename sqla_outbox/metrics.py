@@ -68,10 +68,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import Engine
 
-from sqla_outbox import queries
 from sqla_outbox.engines import hide_password
 from sqla_outbox.logs import error_line, log_event
 from sqla_outbox.observers import PassReport
+from sqla_outbox.stores.operating import operations_for
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -131,18 +131,11 @@ class BacklogNumbers:
 
 
 def read_backlog(engine: Engine) -> BacklogNumbers:
-    """Run :func:`~sqla_outbox.queries.backlog_stmt` once on ``engine``.
-
-    Ages are measured on the database's clock on PostgreSQL (as ``sqla-outbox status`` does),
-    on this host's on SQLite, MySQL and MariaDB.
-    """
-    dialect = engine.dialect.name
-    params = {} if dialect == "postgresql" else {"now": dt.datetime.now(dt.timezone.utc)}
+    """Read the backlog once on ``engine`` (its store's
+    :meth:`~sqla_outbox.stores.operating.Operations.backlog`: ages by the clock that rules
+    there, as ``sqla-outbox status`` measures them)."""
     with engine.connect() as conn:
-        row = conn.execute(queries.backlog_stmt(dialect), params).one()
-    oldest = row.oldest_due_at
-    age = 0.0 if oldest is None else max(0.0, (row.now - oldest).total_seconds())
-    return BacklogNumbers(int(row.pending), int(row.dead), age)
+        return BacklogNumbers(*operations_for(engine.dialect.name).backlog(conn))
 
 
 class Backlog:

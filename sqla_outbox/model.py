@@ -83,6 +83,8 @@ class OutboxRow(_Base):
     retry_at: Mapped[dt.datetime | None]
     dead_at: Mapped[dt.datetime | None]
     parked: Mapped[bool]
+    wake_at: Mapped[dt.datetime | None]
+    parked_behind: Mapped[uuid.UUID | None]
 
     def __repr__(self) -> str:
         return f"<OutboxRow id={self.id} job={self.job!r} queue={self.queue!r}>"

@@ -7,8 +7,8 @@ costs latency, never a message):
   table calls ``pg_notify('sqla_outbox', '')``. It runs inside the inserting transaction, so it
   costs the enqueue no extra round trip, and PostgreSQL delivers the notification only when that
   transaction commits (identical notifications of one transaction are folded into one). Relays
-  ``LISTEN`` on a dedicated connection (see :mod:`sqla_outbox.listener`). The trigger is created
-  with the table (:mod:`sqla_outbox.ddl`).
+  ``LISTEN`` on a dedicated connection (see :mod:`sqla_outbox.stores.listener`). The trigger is
+  created with the table (:mod:`sqla_outbox.ddl`).
 * **Inside one process, any database.** After a session commits staged messages, every relay
   running in this process is woken directly.
 

@@ -50,7 +50,7 @@ from sqlalchemy.exc import ArgumentError
 
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError
-from sqla_outbox.queries import outbox_table
+from sqla_outbox.queries.terms import outbox_table
 from sqla_outbox.schema_errors import missing_table_error, outdated_table_error
 from sqla_outbox.versions import SCHEMA_VERSION, inspected_version
 

@@ -1,7 +1,7 @@
 """Publish one claim in order, and sort what happened into what the relay must write back.
 
 The claim arrives in claim order and already respects every promise across claims (see
-:func:`sqla_outbox.queries.claim_stmt`); inside the pass the same promises hold:
+:mod:`sqla_outbox.plan`); inside the pass the same promises hold:
 
 * ``order="key"``: a failed message holds back only the later messages of its own transaction
   (its ``staged_at``) and of its ``ordering_key``; every other message of the claim is still
@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,6 +81,9 @@ class PassOutcome:
     held_back: list[OutboxMessage] = field(default_factory=list)
     """Messages held back by a failure in this pass (order="key"): released uncharged and
     parked, so the next claims pass them by until the failed message is published."""
+    waits_for: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
+    """Each held-back message's id -> the id of the failed message it waits for (through the
+    messages between them): what it is parked behind."""
     outage: BaseException | None = None
     stop: BaseException | None = None
     """A ``KeyboardInterrupt``/``SystemExit`` to raise once the pass is settled."""
@@ -117,21 +121,35 @@ class PassOutcome:
 
 
 class _Holds:
-    """The transactions and keys a failure in this pass holds back (order="key")."""
+    """The transactions and keys a failure in this pass holds back (order="key"), each with
+    the failed message it waits for."""
 
-    def __init__(self) -> None:
-        self.groups: set[dt.datetime] = set()
-        self.keys: set[str] = set()
+    def __init__(self, outcome: PassOutcome) -> None:
+        self.groups: dict[dt.datetime, uuid.UUID] = {}
+        self.keys: dict[str, uuid.UUID] = {}
+        self._outcome = outcome
 
-    def add(self, message: OutboxMessage) -> None:
-        self.groups.add(message.staged_at)
+    def failed(self, message: OutboxMessage) -> None:
+        """``message`` failed: its transaction and key wait for it."""
+        self._hold(message, message.id)
+
+    def _hold(self, message: OutboxMessage, failed: uuid.UUID) -> None:
+        self.groups.setdefault(message.staged_at, failed)
         if message.ordering_key is not None:
-            self.keys.add(message.ordering_key)
+            self.keys.setdefault(message.ordering_key, failed)
 
-    def holds(self, message: OutboxMessage) -> bool:
-        return message.staged_at in self.groups or (
-            message.ordering_key is not None and message.ordering_key in self.keys
-        )
+    def hold_back(self, message: OutboxMessage) -> bool:
+        """Hold ``message`` back if a failure holds its transaction or key (and then what
+        waits for it in turn): whether it did."""
+        failed = self.groups.get(message.staged_at)
+        if failed is None and message.ordering_key is not None:
+            failed = self.keys.get(message.ordering_key)
+        if failed is None:
+            return False
+        self._hold(message, failed)
+        self._outcome.held_back.append(message)
+        self._outcome.waits_for[message.id] = failed
+        return True
 
 
 def publish_claim(
@@ -146,15 +164,13 @@ def publish_claim(
     if publish_batch is not None:
         return _publish_batches(messages, publish_batch, strict=strict, should_stop=should_stop)
     outcome = PassOutcome()
-    holds = _Holds()
+    holds = _Holds(outcome)
     for index, message in enumerate(messages):
         if should_stop():
             outcome.handed_back.extend(messages[index:])
             break
-        if holds.groups and holds.holds(message):
-            # What waits holds back what waits for it: its own transaction and key too.
-            holds.add(message)
-            outcome.held_back.append(message)
+        # What waits holds back what waits for it: its own transaction and key too.
+        if holds.groups and holds.hold_back(message):
             continue
         try:
             if type(message.input) is UndecodableInput:  # a check, not a call: once a message
@@ -169,7 +185,7 @@ def publish_claim(
             if strict:
                 outcome.handed_back.extend(messages[index + 1 :])
                 break
-            holds.add(message)
+            holds.failed(message)
             continue
         outcome.published.append(message)
     return outcome
@@ -245,7 +261,7 @@ def _publish_batches(
     should_stop: Callable[[], bool],
 ) -> PassOutcome:
     outcome = PassOutcome()
-    holds = _Holds()
+    holds = _Holds(outcome)
     batch = list(messages)
     while batch:
         if should_stop():
@@ -269,14 +285,8 @@ def _publish_batches(
             if strict:
                 outcome.handed_back.extend(rest)
                 break
-            holds.add(failed)
-            batch = []
-            for message in rest:
-                if holds.holds(message):
-                    holds.add(message)
-                    outcome.held_back.append(message)
-                else:
-                    batch.append(message)
+            holds.failed(failed)
+            batch = [message for message in rest if not holds.hold_back(message)]
             continue
         outcome.published.extend(batch)
         break

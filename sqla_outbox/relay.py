@@ -2,11 +2,12 @@
 
 A pass is short statements with the publishing in between, outside any transaction:
 
-1. **Claim** (one statement, see :func:`~sqla_outbox.queries.claim_stmt`): lease up to
-   ``batch_size`` due rows in claim order, stamping ``claimed_by`` with a fence token minted for
-   *this claim* (``<relay_id>:<random>``) and ``claimed_at`` with the database's clock. A row
-   is claimed only with every earlier unpublished row of its transaction and of its
-   ``ordering_key``, so no relay can publish it ahead of them.
+1. **Claim** (one transaction, or one statement on PostgreSQL while nothing is crowded; see
+   :mod:`sqla_outbox.plan` for the rule): lease up to ``batch_size`` due rows in claim order,
+   stamping ``claimed_by`` with a fence token minted for *this claim* (``<relay_id>:<random>``)
+   and ``claimed_at`` with the database's clock. A row is claimed only with every earlier
+   unpublished row of its transaction and of its ``ordering_key``, so no relay can publish it
+   ahead of them.
 2. **Publish** in claim order (:mod:`sqla_outbox.publishing`). With ``order="key"`` (default) a
    message the broker refuses holds back only the later messages of its transaction and key;
    everything else in the claim is still published. With ``order="strict"`` the first failure
@@ -25,12 +26,12 @@ logging it and retrying with capped backoff; :meth:`Relay.is_alive` says whether
 and reaching the database (:mod:`sqla_outbox.liveness`).
 
 A loop working through a backlog (``drain()``, ``start()``, ``run()``) defers a pass's
-write-back (the mark of a claim published in full; in key order also the charges and parking of
-a pass with failures) to the claim that follows at once: on PostgreSQL both travel in one
-statement (:func:`~sqla_outbox.queries.mark_and_claim_stmt`), elsewhere in one transaction. A
-pass is then one round trip plus the publishing. A write-back is never left waiting: before the
-loop sleeps, stops, or gives up after an error, it is written on its own. The statements
-themselves run in a store (:mod:`sqla_outbox.stores`), one per database and driver.
+write-back to the claim that follows at once: on PostgreSQL the mark of a claim published in
+full travels in the claim's statement (:func:`~sqla_outbox.queries.fast_claim_stmt`), elsewhere
+any write-back in the claim's transaction. A pass is then one round trip plus the publishing. A
+write-back is never left waiting: before the loop sleeps, stops, or gives up after an error, it
+is written on its own. The statements themselves run in a store (:mod:`sqla_outbox.stores`),
+one per database and driver.
 
 Every update after the claim is fenced on the claim's token. A relay that stalls past its lease
 (GC pause, stuck broker call) wakes into a world where another relay has reclaimed its rows;
@@ -94,6 +95,7 @@ from sqla_outbox.settings import (
     resolve_poll_interval,
 )
 from sqla_outbox.stores import open_store, relay_engine
+from sqla_outbox.stores.operating import operations_for
 from sqla_outbox.tracing import trace_publish, trace_publish_batch
 
 __all__ = ["PassResult", "Relay"]
@@ -119,6 +121,9 @@ class PassResult:
     """True if a publish failed: a message the broker refused, or an outage."""
     outage: bool = False
     """True if the broker could not be reached (the rest of that claim was handed back)."""
+    held: int = 0
+    """Rows the claim left because another claim holds what they wait for (see
+    :mod:`sqla_outbox.plan`): that claim is about to be published."""
 
     def __add__(self, other: PassResult) -> PassResult:
         return PassResult(
@@ -126,6 +131,7 @@ class PassResult:
             self.published + other.published,
             self.failed or other.failed,
             self.outage or other.outage,
+            self.held + other.held,
         )
 
 
@@ -332,7 +338,7 @@ class Relay:
             if claimed is None:
                 claimed = self._claim()
                 if not claimed.messages:
-                    return PassResult()
+                    return PassResult(held=claimed.held)
             carried: WriteBack | None = None
             if ahead is not None and not self._stopping.is_set():
                 carried, self._carried = self._carried, None
@@ -532,6 +538,15 @@ class Relay:
         they are due (:mod:`sqla_outbox.waiting`); whether any row is claimable that was not."""
         with self._pass_lock:
             self._sweeps.swept()
+            # A write-back waiting for the next claim is written first: its rows' lease is not
+            # renewed meanwhile, and a sweep may take a while.
+            carried, self._carried = self._carried, None
+            if carried is not None:
+                try:
+                    self._statements.write(carried)
+                except BaseException:
+                    self._carried = carried
+                    raise
             swept = self._statements.sweep()
         for event, rows in (
             ("relay.unparked", swept.unparked),
@@ -547,7 +562,7 @@ class Relay:
     def pending(self) -> int:
         """How many committed rows are not yet published (dead letters included)."""
         with raise_if_missing_table(self.engine), self.engine.connect() as conn:
-            return int(conn.execute(queries.pending_stmt()).scalar_one())
+            return operations_for(self.engine.dialect.name).pending(conn)
 
     def check(self) -> None:
         """Raise :class:`MissingTableError` unless the outbox table exists, and on PostgreSQL
@@ -716,6 +731,14 @@ class Relay:
             if result.claimed:
                 # More may be due. A short claim does not mean an empty backlog: a claim leaves
                 # out transactions another relay is still publishing the start of.
+                continue
+            if result.held:
+                # Rows wait for another relay's claim, whose mark notifies nobody: look again
+                # after a poll, not after the idle plan's wait (sweeping when due, as a relay
+                # that never goes idle must).
+                self._sweep_while_busy()
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
                 continue
             if self.retention is not None and self.retention.run_if_due(self._stopping.is_set):
                 continue  # more history to purge: claim first, then the next round

@@ -58,20 +58,18 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from sqla_outbox import queries
-from sqla_outbox.coltypes import MYSQL_DIALECTS, as_utc
+from sqla_outbox.clock import database_now
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.logs import error_line, log_event
 from sqla_outbox.preflight import check_outbox_table, operator_engine
 from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.stores.operating import operations_for
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
-    "MYSQL_PURGE_ISOLATION",
     "PURGE_INTERVAL",
     "PURGE_PRIVILEGES",
     "PURGE_SCHEMA_VERSION",
@@ -98,9 +96,6 @@ PURGE_SCHEMA_VERSION = 3
 
 DEFAULT_BATCH_SIZE = 10_000
 """Rows :func:`purge` deletes per transaction."""
-
-MYSQL_PURGE_ISOLATION = "READ COMMITTED"
-"""The isolation level of a purge's batches on MySQL and MariaDB (see the module docs)."""
 
 PURGE_INTERVAL = 60.0
 """Seconds, at least, between two rounds of a relay's background purge once it has caught up."""
@@ -177,13 +172,9 @@ def format_duration(value: dt.timedelta) -> str:
 
 
 def purge_cutoff(conn: Connection, older_than: dt.timedelta) -> dt.datetime | None:
-    """``now - older_than``: the database's ``now()`` on PostgreSQL, this host's UTC time on
-    SQLite, MySQL and MariaDB, whose statements take their instants as parameters; ``None``
-    when that is before the year 1 (nothing is that old)."""
-    if conn.dialect.name == "postgresql":
-        now = as_utc(conn.execute(sa.select(sa.func.now())).scalar_one())
-    else:
-        now = dt.datetime.now(dt.timezone.utc)
+    """``now - older_than`` by whose clock rules (:mod:`sqla_outbox.clock`); ``None`` when that
+    is before the year 1 (nothing is that old)."""
+    now = database_now(conn)
     try:
         return now - older_than
     except OverflowError:
@@ -207,18 +198,14 @@ def purge_batches(
     """
     if cutoff is None:
         return
-    dialect = engine.dialect.name
-    statement = queries.purge_stmt(dialect)
-    params = {"cutoff": cutoff, "limit": batch_size}
-    batch_engine = engine
-    if dialect in MYSQL_DIALECTS:
-        batch_engine = engine.execution_options(isolation_level=MYSQL_PURGE_ISOLATION)
+    operations = operations_for(engine.dialect.name)
+    batch_engine = operations.purge_engine(engine)
     batches = 0
     while max_batches is None or batches < max_batches:
         if should_stop is not None and should_stop():
             return
         with raise_if_missing_table(engine), batch_engine.begin() as conn:
-            deleted = conn.execute(statement, params).rowcount
+            deleted = operations.purge_batch(conn, cutoff, batch_size)
         batches += 1
         yield deleted
         if deleted < batch_size:

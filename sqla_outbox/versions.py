@@ -30,6 +30,12 @@ The versions:
    the rows that have one (:mod:`sqla_outbox.waiting`). Table comment ``sqla-outbox schema 4``.
    Down to version 3, the rows parked that way are unparked first (:attr:`Step.before_removal`):
    version 3 has nothing that would wake them.
+5. Parked rows name the row they wait for: ``parked_behind`` and the partial index
+   ``ix_outbox_parked_behind`` over the rows that have one, so publishing, retrying or discarding
+   a stuck row frees exactly the rows parked behind it (:mod:`sqla_outbox.plan`). Table comment
+   ``sqla-outbox schema 5``. Up from version 4, the rows parked behind a holder are unparked
+   (:attr:`Step.after_addition`): they name none, and the next claim that meets one parks it
+   again, naming its holder. Down to version 4, likewise (:attr:`Step.before_removal`).
 
 On PostgreSQL every version also has fillfactor 50 and the notification trigger of
 :mod:`sqla_outbox.ddl`; those statements (and the ``.sql`` files they load) are frozen as well.
@@ -70,6 +76,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    null,
     text,
 )
 from sqlalchemy.engine import Inspector
@@ -101,7 +108,7 @@ __all__ = [
 #: The outbox table's name, the same in every version.
 TABLE_NAME = "outbox"
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The table version this release of sqla-outbox reads and writes."""
 
 _COMMENT = "sqla-outbox schema {version}"
@@ -144,7 +151,8 @@ class Step:
     ``Table``: every table built gets new ones. ``comment`` is the table comment of this version.
     ``before_removal``, given this version's table, is the statement that makes its rows mean
     the same to the version before it, run before the step's columns are dropped (``None``:
-    dropping them is enough).
+    dropping them is enough). ``after_addition`` is its counterpart going up: run once the
+    step's columns and indexes exist, so the rows kept mean the same to this version.
     """
 
     version: int
@@ -153,6 +161,7 @@ class Step:
     comment: str | None
     constraints: Callable[[], list[Constraint]] = list
     before_removal: Callable[[Table], Executable] | None = None
+    after_addition: Callable[[Table], Executable] | None = None
 
     def column_names(self) -> tuple[str, ...]:
         """The names of the columns this step adds, in table order."""
@@ -223,6 +232,24 @@ def _unpark_waking(table: Table) -> Executable:
     # relay's sweep found nothing stuck before it. Claimable again at once instead.
     # false() rather than False: an offline migration renders it as SQL, not as a placeholder.
     return sa.update(table).where(table.c.wake_at.is_not(None)).values(parked=false())
+
+
+# --- version 5: parked rows name what they wait for (frozen) ------------------------------------
+
+
+def _columns_5() -> list[Column[Any]]:
+    return [Column("parked_behind", ID_TYPE, nullable=True)]
+
+
+def _unpark_held(table: Table) -> Executable:
+    # Rows parked behind a holder by a release that did not record it (version 4), or that would
+    # keep a holder version 4 cannot read: claimable again, and the next claim that meets one
+    # parks it again if it still waits (rows parked until due keep their wake_at).
+    return (
+        sa.update(table)
+        .where(table.c.parked, table.c.wake_at.is_(None))
+        .values(parked=false(), **({"parked_behind": null()} if "parked_behind" in table.c else {}))
+    )
 
 
 STEPS: Mapping[int, Step] = {
@@ -310,6 +337,24 @@ STEPS: Mapping[int, Step] = {
         ),
         comment=_COMMENT.format(version=4),
         before_removal=_unpark_waking,
+    ),
+    5: Step(
+        version=5,
+        columns=_columns_5,
+        indexes=(
+            # The rows parked behind each stuck row: what its mark, retry or discard unparks,
+            # found without reading the other parked rows. On MySQL the plain index: its NULLs
+            # (every row not parked behind another) sort first, and an equality never meets them.
+            IndexSpec(
+                "ix_outbox_parked_behind",
+                ("parked_behind",),
+                "parked_behind IS NOT NULL",
+                mysql_columns=("parked_behind",),
+            ),
+        ),
+        comment=_COMMENT.format(version=5),
+        before_removal=_unpark_held,
+        after_addition=_unpark_held,
     ),
 }
 """Every released version's step, by version. Append new versions; never edit one."""

@@ -58,10 +58,11 @@ V2_INDEXES = sorted(
 V2_COLUMNS = ["ordering_key", "retry_at", "dead_at", "parked"]
 V3_INDEXES = sorted([*V2_INDEXES, "ix_outbox_published"])
 V4_INDEXES = sorted([*V3_INDEXES, "ix_outbox_waking"])
+V5_INDEXES = sorted([*V4_INDEXES, "ix_outbox_parked_behind"])
 
 #: The version this release needs (what outbox.metadata holds), and its indexes.
 CURRENT = outbox.SCHEMA_VERSION
-CURRENT_INDEXES = V4_INDEXES
+CURRENT_INDEXES = V5_INDEXES
 
 
 def make_app_metadata() -> MetaData:
@@ -181,10 +182,10 @@ def offline_sql(dialect: str, run: Any, *, literal_binds: bool = False) -> str:
 
 
 def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -> None:
-    """On PostgreSQL, op.create_outbox_table(version=4), the current version, builds exactly the
+    """On PostgreSQL, op.create_outbox_table(version=5), the current version, builds exactly the
     model: autogenerate (types and server defaults compared) finds nothing to change, the indexes
     are partial, fillfactor is 50, the comment records the version; op.drop_outbox_table(
-    version=4) then leaves neither table nor index behind."""
+    version=5) then leaves neither table nor index behind."""
     with pg_empty.begin() as conn:
         operations(conn).create_outbox_table(version=CURRENT)
 
@@ -203,6 +204,8 @@ def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -
         published = index_sql(conn, "ix_outbox_published")
         assert "(published_at) WHERE (published_at IS NOT NULL)" in published
         assert "(wake_at) WHERE (wake_at IS NOT NULL)" in index_sql(conn, "ix_outbox_waking")
+        behind = index_sql(conn, "ix_outbox_parked_behind")
+        assert "(parked_behind) WHERE (parked_behind IS NOT NULL)" in behind
 
     with pg_empty.begin() as conn:
         operations(conn).drop_outbox_table(version=CURRENT)
@@ -217,9 +220,9 @@ def test_create_outbox_table_on_postgresql_matches_the_model(pg_empty: Engine) -
 
 
 def test_create_outbox_table_on_sqlite_matches_the_model(sqlite_empty: Engine) -> None:
-    """On SQLite, op.create_outbox_table(version=4), the current version, builds exactly the
+    """On SQLite, op.create_outbox_table(version=5), the current version, builds exactly the
     model (no autogenerate diffs, partial indexes with their WHERE clauses), and
-    op.drop_outbox_table(version=4) removes table and indexes."""
+    op.drop_outbox_table(version=5) removes table and indexes."""
     with sqlite_empty.begin() as conn:
         operations(conn).create_outbox_table(version=CURRENT)
 
@@ -230,6 +233,8 @@ def test_create_outbox_table_on_sqlite_matches_the_model(sqlite_empty: Engine) -
         assert "WHERE parked" in index_sql(conn, "ix_outbox_parked_key")
         assert "WHERE published_at IS NOT NULL" in index_sql(conn, "ix_outbox_published")
         assert "WHERE wake_at IS NOT NULL" in index_sql(conn, "ix_outbox_waking")
+        behind = index_sql(conn, "ix_outbox_parked_behind")
+        assert "WHERE parked_behind IS NOT NULL" in behind
 
     with sqlite_empty.begin() as conn:
         operations(conn).drop_outbox_table(version=CURRENT)
@@ -266,9 +271,9 @@ def test_bare_create_outbox_table_is_version_1_forever(empty_engine: Engine) -> 
 
 
 def test_create_outbox_table_in_a_schema(pg_empty: Engine) -> None:
-    """op.create_outbox_table(version=4, schema="jobs") puts the table and its indexes in that
+    """op.create_outbox_table(version=5, schema="jobs") puts the table and its indexes in that
     schema and nowhere else; a target metadata with the outbox moved to "jobs" then compares
-    clean, and op.drop_outbox_table(version=4, schema="jobs") removes it again."""
+    clean, and op.drop_outbox_table(version=5, schema="jobs") removes it again."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
         operations(conn).create_outbox_table(version=CURRENT, schema="jobs")
@@ -508,7 +513,7 @@ def test_upgrade_3_to_4_keeps_every_row_and_unparks_the_rows_parked_until_due(
     move(3, 4)
     assert index_names(empty_engine) == V4_INDEXES
     with empty_engine.connect() as conn:
-        assert compare(conn, outbox.metadata) == []
+        assert compare(conn, version_metadata(4)) == []
         assert all_values(conn) == before
         assert conn.execute(sa.select(v4.c.wake_at)).scalars().all() == [None] * 4
 
@@ -539,12 +544,81 @@ def test_upgrade_3_to_4_keeps_every_row_and_unparks_the_rows_parked_until_due(
     with empty_engine.connect() as conn:
         assert all_values(conn) == before
         assert conn.execute(sa.select(v4.c.wake_at)).scalars().all() == [None] * 4
+        assert compare(conn, version_metadata(4)) == []
+
+
+def test_upgrade_4_to_5_keeps_every_row_and_unparks_the_rows_parked_behind_a_holder(
+    empty_engine: Engine,
+) -> None:
+    """A version-4 table with rows in it (published, a dead letter, a row scheduled for
+    tomorrow and parked until it is due, a row parked behind the dead letter) goes 4 -> 5 -> 4
+    -> 5: every other value of every row is intact at each step and parked_behind reads NULL
+    on the old rows; the column and the index ix_outbox_parked_behind come and go; after each
+    move autogenerate against that version finds nothing. Both ways the row parked behind a
+    holder is unparked (version 4 parked it naming nothing; version 5's holder is a column
+    version 4 lacks), so the next claim parks it again if it still waits; the row parked until
+    due keeps its parking and its wake_at."""
+    with empty_engine.begin() as conn:
+        operations(conn).create_outbox_table(version=4)
+        insert_v3_rows(conn)
+        v4 = build_table(4, MetaData())
+        conn.execute(
+            sa.update(v4).where(v4.c.id == ROW_IDS[2]).values(parked=True, wake_at=v4.c.run_at)
+        )
+
+    def parking(version: int) -> list[tuple[Any, ...]]:
+        table = build_table(version, MetaData())
+        columns = [table.c.id, table.c.parked, table.c.wake_at.is_not(None)]
+        if version >= 5:
+            columns.append(table.c.parked_behind)
+        with empty_engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(sa.select(*columns).order_by(table.c.id))]
+
+    def other_values() -> list[tuple[Any, ...]]:
+        """Every row's values in version 4's columns but parked."""
+        table = build_table(4, MetaData())
+        kept = [column for column in table.columns if column.name != "parked"]
+        with empty_engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(sa.select(*kept).order_by(table.c.id))]
+
+    before = other_values()
+    assert parking(4) == [
+        (ROW_IDS[0], False, False),
+        (ROW_IDS[1], False, False),
+        (ROW_IDS[2], True, True),
+        (HELD_ID, True, False),
+    ]
+
+    move_table(empty_engine, 4, 5)
+    assert index_names(empty_engine) == V5_INDEXES
+    assert other_values() == before
+    assert parking(5) == [
+        (ROW_IDS[0], False, False, None),
+        (ROW_IDS[1], False, False, None),
+        (ROW_IDS[2], True, True, None),
+        (HELD_ID, False, False, None),
+    ]
+
+    # A claim parks the row behind the dead letter again, naming it.
+    v5 = build_table(5, MetaData())
+    with empty_engine.begin() as conn:
+        conn.execute(
+            sa.update(v5).where(v5.c.id == HELD_ID).values(parked=True, parked_behind=ROW_IDS[1])
+        )
+    move_table(empty_engine, 5, 4)
+    assert index_names(empty_engine) == V4_INDEXES
+    assert other_values() == before
+    assert parking(4)[2:] == [(ROW_IDS[2], True, True), (HELD_ID, False, False)]
+
+    move_table(empty_engine, 4, 5)
+    assert other_values() == before
+    with empty_engine.connect() as conn:
         assert compare(conn, outbox.metadata) == []
 
 
 def test_upgrade_1_to_current_makes_every_step(empty_engine: Engine) -> None:
-    """op.upgrade_outbox_table(1, 4) is the three steps in one operation: the version-1 rows keep
-    their values, the table then compares clean against outbox.metadata; (4, 1) goes back to a
+    """op.upgrade_outbox_table(1, 5) is the four steps in one operation: the version-1 rows keep
+    their values, the table then compares clean against outbox.metadata; (5, 1) goes back to a
     table that compares clean against version 1, rows still there."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table()
@@ -617,7 +691,7 @@ def test_upgrade_on_postgresql_keeps_the_trigger_and_fillfactor(pg_empty: Engine
 
 
 def test_upgrade_in_a_schema(pg_empty: Engine) -> None:
-    """op.upgrade_outbox_table(1, 4, schema="jobs") moves the table in that schema, every step:
+    """op.upgrade_outbox_table(1, 5, schema="jobs") moves the table in that schema, every step:
     it then compares clean against the outbox moved to "jobs"."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
@@ -668,7 +742,7 @@ def test_reverse_of_an_upgrade_is_the_move_back() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: CreateOutboxTableOp(version=5), r"version must be an outbox table version"),
+        (lambda: CreateOutboxTableOp(version=6), r"version must be an outbox table version"),
         (lambda: DropOutboxTableOp(version=0), r"version must be an outbox table version"),
         (lambda: CreateOutboxTableOp(version=True), r"got True"),
         (lambda: UpgradeOutboxTableOp(1, 9), r"to_version must be .* got 9"),
@@ -846,14 +920,70 @@ def test_offline_sql_mode_creates_and_moves_version_4(dialect: str) -> None:
         assert "COMMENT" not in created + moved
 
 
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_offline_sql_mode_creates_and_moves_version_5(dialect: str) -> None:
+    """Offline, create_outbox_table(version=5) prints version 4's table plus parked_behind and
+    the partial index over the rows that have one (nine indexes), and changes no row;
+    upgrade_outbox_table(4, 5) prints that column (nullable: existing rows read NULL), that
+    index (IF NOT EXISTS), then the UPDATE that unparks the rows parked behind a holder (parked,
+    no wake_at; its values inline as an env.py's offline mode writes them), then the comment;
+    upgrade_outbox_table(5, 4) prints the same UPDATE first, then drops the index, then the
+    column, and restores version 4's comment."""
+    index = "ix_outbox_parked_behind ON outbox (parked_behind) WHERE parked_behind IS NOT NULL"
+    created = offline_sql(dialect, lambda op: op.create_outbox_table(version=5))
+    assert f"CREATE INDEX {index}" in created
+    assert created.count("CREATE INDEX") == 9
+    assert "parked_behind" in created.split("CREATE INDEX")[0]  # a column of the CREATE TABLE
+    assert "UPDATE" not in created
+
+    def move(op: Any) -> None:
+        op.upgrade_outbox_table(4, 5)
+        op.upgrade_outbox_table(5, 4)
+
+    moved = offline_sql(dialect, move, literal_binds=True)
+    uuid_type = "UUID" if dialect == "postgresql" else "CHAR(32)"
+    assert f"ALTER TABLE outbox ADD COLUMN parked_behind {uuid_type};" in moved
+    assert f"CREATE INDEX IF NOT EXISTS {index};" in moved
+    assert moved.count("CREATE INDEX") == 1
+    if dialect == "postgresql":
+        unpark = (
+            "UPDATE outbox SET parked=false, parked_behind=NULL "
+            "WHERE outbox.parked AND outbox.wake_at IS NULL;"
+        )
+    else:
+        unpark = (
+            "UPDATE outbox SET parked=0, parked_behind=NULL "
+            "WHERE outbox.parked = 1 AND outbox.wake_at IS NULL;"
+        )
+    assert moved.count(unpark) == 2
+    assert moved.count("UPDATE") == 2
+    assert moved.count("DROP INDEX") == 1
+    up = moved.index(unpark)
+    down = moved.index(unpark, up + 1)
+    assert (
+        moved.index("ADD COLUMN parked_behind")
+        < moved.index("CREATE INDEX IF NOT EXISTS ix_outbox_parked_behind")
+        < up
+        < down
+        < moved.index("DROP INDEX ix_outbox_parked_behind")
+        < moved.index("ALTER TABLE outbox DROP COLUMN parked_behind")
+    )
+    if dialect == "postgresql":
+        assert "COMMENT ON TABLE outbox IS 'sqla-outbox schema 5'" in created
+        assert up < moved.index("schema 5'") < down < moved.index("schema 4'")
+        assert moved.index("DROP COLUMN parked_behind") < moved.index("schema 4'")
+    else:
+        assert "COMMENT" not in created + moved
+
+
 # --- autogenerate --------------------------------------------------------------------------------
 
 
 def test_autogenerate_writes_create_outbox_table(empty_engine: Engine) -> None:
     """With target metadata [app_metadata, outbox.metadata] on an empty database, autogenerate
     renders the business table as op.create_table but the outbox as
-    op.create_outbox_table(version=4), the current version written out (no raw
-    create_table('outbox') nor its create_index), with op.drop_outbox_table(version=4) in the
+    op.create_outbox_table(version=5), the current version written out (no raw
+    create_table('outbox') nor its create_index), with op.drop_outbox_table(version=5) in the
     downgrade; once both tables exist it produces no operations at all."""
     app_metadata = make_app_metadata()
     target = [app_metadata, outbox.metadata]
@@ -880,15 +1010,15 @@ def test_autogenerate_writes_create_outbox_table(empty_engine: Engine) -> None:
     assert script.upgrade_ops.is_empty()
 
 
-@pytest.mark.parametrize("found", [1, 2, 3])
+@pytest.mark.parametrize("found", [1, 2, 3, 4])
 def test_autogenerate_writes_upgrade_outbox_table_for_an_old_table(
     empty_engine: Engine, found: int
 ) -> None:
-    """On a database whose outbox is version 1, 2 or 3, autogenerate against outbox.metadata
-    writes the one op.upgrade_outbox_table(found, 4) (downgrade: op.upgrade_outbox_table(4,
+    """On a database whose outbox is version 1, 2, 3 or 4, autogenerate against outbox.metadata
+    writes the one op.upgrade_outbox_table(found, 5) (downgrade: op.upgrade_outbox_table(5,
     found)) instead of Alembic's add_column/create_index/create_table_comment; after running it,
-    nothing. On SQLite, which keeps no comments, version 2 is told from 3 by its indexes and 3
-    from 4 by its column."""
+    nothing. On SQLite, which keeps no comments, version 2 is told from 3 by its indexes, 3 from
+    4 and 4 from 5 by their columns."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table(version=found)
 
@@ -913,7 +1043,7 @@ def test_autogenerate_writes_upgrade_outbox_table_for_an_old_table(
 
 def test_autogenerate_keeps_other_changes_to_an_old_outbox(pg_empty: Engine) -> None:
     """A column an operator added to a version-1 outbox is not part of the move: autogenerate
-    writes op.upgrade_outbox_table(1, 4) and, after it, Alembic's own drop_column for that
+    writes op.upgrade_outbox_table(1, 5) and, after it, Alembic's own drop_column for that
     column."""
     with pg_empty.begin() as conn:
         operations(conn).create_outbox_table()
@@ -942,17 +1072,18 @@ def test_compare_metadata_reports_the_missing_outbox_as_one_added_table(pg_empty
 def test_compare_metadata_reports_an_old_outbox(empty_engine: Engine) -> None:
     """compare_metadata on a version-1 table reports the move as the list of diffs it stands for
     (one add_column per new column, one add_index per new index, over every step), so `alembic
-    check` fails; on a version-2 table, the new indexes and wake_at; on a version-3 table,
-    wake_at and its index."""
+    check` fails; on a version-2 table, the new indexes, wake_at and parked_behind; on a
+    version-3 table, wake_at, parked_behind and their indexes; on a version-4 table,
+    parked_behind and its index."""
     with empty_engine.begin() as conn:
         operations(conn).create_outbox_table()
     with empty_engine.connect() as conn:
         [diffs] = compare(conn, outbox.metadata)
     kinds = [diff[0] for diff in diffs]
-    assert kinds.count("add_column") == 5
-    assert kinds.count("add_index") == 7
+    assert kinds.count("add_column") == 6
+    assert kinds.count("add_index") == 8
     added_columns = [diff[3].name for diff in diffs if diff[0] == "add_column"]
-    assert added_columns == [*V2_COLUMNS, "wake_at"]
+    assert added_columns == [*V2_COLUMNS, "wake_at", "parked_behind"]
 
     def added_since(version: int) -> tuple[list[str], list[str]]:
         with empty_engine.begin() as conn:
@@ -962,14 +1093,19 @@ def test_compare_metadata_reports_an_old_outbox(empty_engine: Engine) -> None:
         columns = [diff[3].name for diff in diffs if diff[0] == "add_column"]
         return columns, sorted(diff[1].name for diff in diffs if diff[0] == "add_index")
 
-    assert added_since(2) == (["wake_at"], ["ix_outbox_published", "ix_outbox_waking"])
-    assert added_since(3) == (["wake_at"], ["ix_outbox_waking"])
+    both = ["wake_at", "parked_behind"]
+    assert added_since(2) == (
+        both,
+        ["ix_outbox_parked_behind", "ix_outbox_published", "ix_outbox_waking"],
+    )
+    assert added_since(3) == (both, ["ix_outbox_parked_behind", "ix_outbox_waking"])
+    assert added_since(4) == (["parked_behind"], ["ix_outbox_parked_behind"])
 
 
 def test_autogenerate_in_a_schema_renders_the_schema(pg_empty: Engine) -> None:
     """An outbox moved to schema "jobs" in the target metadata autogenerates as
-    op.create_outbox_table(version=4, schema='jobs') on an empty schema and as
-    op.upgrade_outbox_table(1, 4, schema='jobs') over a version-1 table there; schema= is
+    op.create_outbox_table(version=5, schema='jobs') on an empty schema and as
+    op.upgrade_outbox_table(1, 5, schema='jobs') over a version-1 table there; schema= is
     rendered only when there is one."""
     with pg_empty.begin() as conn:
         conn.execute(text("CREATE SCHEMA jobs"))
@@ -1016,6 +1152,7 @@ def test_autogenerate_leaves_an_unrelated_outbox_table_alone(empty_engine: Engin
     Table("outbox", app_metadata, Column("id", Integer, primary_key=True), Column("body", String))
     assert not alembic_ext.is_outbox_table(app_metadata.tables["outbox"])
     assert alembic_ext.outbox_version(outbox.metadata.tables["outbox"]) == CURRENT
+    assert alembic_ext.outbox_version(build_table(4, MetaData())) == 4
     assert alembic_ext.outbox_version(build_table(3, MetaData())) == 3
     assert alembic_ext.outbox_version(build_table(2, MetaData())) == 2
     assert alembic_ext.outbox_version(build_table(1, MetaData())) == 1
@@ -1034,7 +1171,7 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
 ) -> None:
     """`alembic revision --autogenerate` with examples/alembic's env.py (which only imports
     alembic_ext and lists outbox.metadata) writes a migration calling
-    op.create_outbox_table(version=4), the current version, that imports alembic_ext itself,
+    op.create_outbox_table(version=5), the current version, that imports alembic_ext itself,
     next to op.create_table('orders', ...)."""
     cfg = example_config(pg_url)
     cfg.set_main_option("version_locations", str(tmp_path))
@@ -1053,9 +1190,9 @@ def test_example_revision_autogenerate_writes_create_outbox_table(
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRequest) -> None:
     """examples/alembic end to end: `upgrade 0001` creates orders and a version-1 outbox,
-    `upgrade 0002` moves it to version 2, `0003` to version 3, `upgrade head` (0004) to version
-    4, `alembic check` then finds nothing to generate, and `downgrade base` goes back through
-    versions 3, 2 and 1 and removes both tables."""
+    `upgrade 0002` moves it to version 2, `0003` to version 3, `0004` to version 4, `upgrade
+    head` (0005) to version 5, `alembic check` then finds nothing to generate, and `downgrade
+    base` goes back through versions 4, 3, 2 and 1 and removes both tables."""
     url: URL = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     cfg = example_config(url)
     engine = create_engine(url)
@@ -1073,11 +1210,17 @@ def test_example_upgrade_check_downgrade(backend: str, request: pytest.FixtureRe
         command.upgrade(cfg, "0003")
         with engine.connect() as conn:
             assert table_version(conn, table) == 3
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, "0004")
         with engine.connect() as conn:
             assert table_version(conn, table) == 4
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 5
         command.check(cfg)  # raises AutogenerateDiffsDetected on any pending change
 
+        command.downgrade(cfg, "0004")
+        with engine.connect() as conn:
+            assert table_version(conn, table) == 4
         command.downgrade(cfg, "0003")
         with engine.connect() as conn:
             assert table_version(conn, table) == 3
@@ -1106,6 +1249,7 @@ def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
     """`alembic upgrade head --sql` through the example env prints the outbox's CREATE TABLE and
     partial CREATE INDEX (0001, version 1), then 0002's ALTER TABLE ... ADD COLUMN and new
     indexes, then 0003's index over the published rows, then 0004's wake_at and its index,
+    then 0005's parked_behind, its index and the unparking of the rows parked behind a holder,
     without connecting to any database."""
     buffer = io.StringIO()
     command.upgrade(offline_example_config(buffer), "head", sql=True)
@@ -1128,7 +1272,18 @@ def test_example_offline_upgrade_prints_the_outbox_ddl() -> None:
     assert sql.index("CREATE TABLE outbox") < sql.index("ALTER TABLE outbox ADD COLUMN")
     assert sql.index("ix_outbox_claimable") < sql.index("ix_outbox_published")
     assert sql.index("ix_outbox_published") < sql.index("ADD COLUMN wake_at")
-    assert "UPDATE outbox" not in sql  # only the way down changes rows
+    assert "ALTER TABLE outbox ADD COLUMN parked_behind UUID" in sql
+    behind = (
+        "CREATE INDEX IF NOT EXISTS ix_outbox_parked_behind ON outbox (parked_behind) "
+        "WHERE parked_behind IS NOT NULL"
+    )
+    unpark = (
+        "UPDATE outbox SET parked=false, parked_behind=NULL "
+        "WHERE outbox.parked AND outbox.wake_at IS NULL;"
+    )
+    assert sql.index("ADD COLUMN parked_behind") < sql.index(behind) < sql.index(unpark)
+    assert sql.index(unpark) < sql.index("COMMENT ON TABLE outbox IS 'sqla-outbox schema 5'")
+    assert sql.count("UPDATE outbox") == 1  # up to version 5, only its step changes rows
 
 
 def test_example_offline_downgrade_from_4_unparks_before_dropping() -> None:
@@ -1147,6 +1302,29 @@ def test_example_offline_downgrade_from_4_unparks_before_dropping() -> None:
         < sql.index("COMMENT ON TABLE outbox IS 'sqla-outbox schema 3';")
     )
     assert "UPDATE alembic_version SET version_num='0003'" in sql
+
+
+def test_example_offline_downgrade_from_5_unparks_before_dropping() -> None:
+    """`alembic downgrade 0005:0004 --sql` through the example env (values inline, as its
+    offline mode writes them) prints 0005's way down as a DBA would run it: the UPDATE that
+    unparks the rows parked behind a holder (parked, no wake_at; the rows parked until due keep
+    theirs), then the index and the column dropped, then version 4's comment."""
+    buffer = io.StringIO()
+    command.downgrade(offline_example_config(buffer), "0005:0004", sql=True)
+    sql = buffer.getvalue()
+    unpark = (
+        "UPDATE outbox SET parked=false, parked_behind=NULL "
+        "WHERE outbox.parked AND outbox.wake_at IS NULL;"
+    )
+    assert sql.count("UPDATE outbox") == 1
+    assert (
+        sql.index(unpark)
+        < sql.index("DROP INDEX ix_outbox_parked_behind;")
+        < sql.index("ALTER TABLE outbox DROP COLUMN parked_behind;")
+        < sql.index("COMMENT ON TABLE outbox IS 'sqla-outbox schema 4';")
+    )
+    assert "wake_at" not in sql.replace(unpark, "")  # version 4's column and index stay
+    assert "UPDATE alembic_version SET version_num='0004'" in sql
 
 
 # --- generated migrations run on their own, in fresh processes -------------------------------

@@ -100,7 +100,9 @@ def test_parked_rows_bring_the_sweep_back(pg_engine: Engine, make_relay: MakeRel
             .where(row.id == head.id)
             .values(attempts=1, dead_at=dt.datetime.now(dt.timezone.utc))
         )
-        conn.execute(update(row).where(row.id != head.id).values(parked=True))
+        conn.execute(
+            update(row).where(row.id != head.id).values(parked=True, parked_behind=head.id)
+        )
     relay._sweep()  # nothing to unpark: the head is dead; resets the sweep clock
     assert relay._idle_wait() == SWEEP_INTERVAL
 

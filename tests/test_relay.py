@@ -166,11 +166,13 @@ def test_publishes_in_claim_order_and_marks_once_per_pass(
 
     assert [relay.tick() for _ in range(4)] == [10, 10, 5, 0]
     assert [m.id for m in gate.published] == ids
-    # Four claims (WITH ...; the last finds nothing) and one mark per non-empty pass. On
-    # PostgreSQL the mark is a WITH that also unparks. On SQLite each claim is two WITH
-    # statements after BEGIN (the parking UPDATE, then the claim's UPDATE), and each mark an
-    # UPDATE followed by the unpark UPDATE.
-    expected = {"WITH": 7} if engine.dialect.name == "postgresql" else {"WITH": 8, "UPDATE": 6}
+    # Four claims (the last finds nothing) and one mark per non-empty pass. On PostgreSQL a
+    # claim is one WITH statement, and the mark a WITH that also unparks. On SQLite a claim is a
+    # transaction of one window read (SELECT) and, when it takes rows, their stamp (UPDATE); a
+    # mark is an UPDATE followed by the unparking of what waited for its rows.
+    expected = (
+        {"WITH": 7} if engine.dialect.name == "postgresql" else {"SELECT": 4, "UPDATE": 3 + 6}
+    )
     assert Counter(s for s in statements if s != "BEGIN") == expected
 
 
@@ -301,24 +303,20 @@ def test_a_relay_alone_takes_full_batches_across_transactions(
 @pytest.mark.parametrize(
     ("count", "per_transaction", "claims"),
     [
-        # They took five, then four, before: two relays that each stop inside a transaction
-        # hand each other its rest, held by rows in flight.
-        pytest.param(9, 3, [3, 3, 3, 0], id="transactions-of-three"),
-        # A claim whose only transaction is longer than the batch takes a batch of it: leaving
-        # the transaction whole is for claims that have another to take instead.
+        pytest.param(9, 3, [5, 4, 0], id="transactions-of-three"),
         pytest.param(7, None, [5, 2, 0], id="one-transaction-of-seven"),
     ],
 )
-def test_once_another_claim_is_about_a_claim_leaves_a_transaction_it_would_split_whole(
+def test_a_claim_passes_a_transaction_another_relay_holds_and_takes_full_batches(
     pg_engine: Engine,
     make_relay: MakeRelay,
     count: int,
     per_transaction: int | None,
     claims: list[int],
 ) -> None:
-    """Relay B holds an earlier transaction mid-publish. A's claims find it ahead of theirs
-    (crowded), and from then on end on transaction boundaries: transactions of three in
-    batches of five go three at a time, and one transaction of seven still goes in batches."""
+    """Relay B holds an earlier transaction mid-publish. It holds back only its own rows: A's
+    claims pass it by and take full batches, ending inside a transaction where the batch ends
+    (its next claim starts with the rest)."""
     first = stage(pg_engine, 1)
     b_gate = Gate(block_at=0)
     b = make_relay(pg_engine, b_gate, relay_id="B")
@@ -608,8 +606,9 @@ def test_a_row_locked_mid_claim_holds_back_its_whole_transaction(
     Two claims can scan the same rows at once: ``SKIP LOCKED`` then hands each one the rows
     the other has not locked yet, so relay A may get rows 0 and 2-9 of a transaction while
     relay B's statement holds row 1 for the instant before it gives up. Were A to publish
-    2-9, row 1 would go out last. The row lock of a concurrent claim is reproduced here by
-    a transaction that holds it open.
+    2-9, row 1 would go out last: A takes row 0 (nothing before it) and the other
+    transaction, and leaves 2-9. The row lock of a concurrent claim is reproduced here by a
+    transaction that holds it open.
     """
     ids = stage(pg_engine, 10)
     other = stage(pg_engine, 3, job="other-transaction")
@@ -617,10 +616,10 @@ def test_a_row_locked_mid_claim_holds_back_its_whole_transaction(
     relay = make_relay(pg_engine, gate)
     with pg_engine.connect() as holder:
         holder.execute(select(Row.id).where(Row.id == ids[1]).with_for_update())
-        assert relay.tick() == 3  # the other transaction only
+        assert relay.tick() == 4  # row 0 and the other transaction
         holder.rollback()
-    assert relay.tick() == 10
-    assert [m.id for m in gate.published] == other + ids
+    assert relay.tick() == 9
+    assert [m.id for m in gate.published] == [ids[0], *other, *ids[1:]]
 
 
 @pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
@@ -692,10 +691,10 @@ def test_a_drain_marks_each_claim_with_the_next_one(engine: Engine, make_relay: 
         assert sent == {"WITH": 5}
     else:
         # Four transactions: a claim, then a mark and its unpark (two UPDATEs) and a claim in
-        # each of the others, a claim being two WITH statements (park, then claim); then the
-        # sweep's transaction (where its window of parked rows ends, then three UPDATEs:
-        # unpark, wake, park until due).
-        assert sent == {"BEGIN": 5, "WITH": 8, "UPDATE": 9, "SELECT": 1}
+        # each of the others, a claim being a window read (SELECT) and, while it takes rows,
+        # their stamp (UPDATE); then the sweep's transaction (where its window of parked rows
+        # ends, then three UPDATEs: unpark, wake, park until due).
+        assert sent == {"BEGIN": 5, "SELECT": 4 + 1, "UPDATE": 3 + 6 + 3}
 
 
 def test_a_transaction_cut_by_the_batch_size_goes_on_in_the_next_claim(
@@ -1169,7 +1168,8 @@ def test_the_loop_outlives_an_unexpected_error_outside_publishing(
 
     @event.listens_for(relay.engine, "before_cursor_execute")
     def explode(_c: object, _cur: object, statement: str, *_a: object) -> None:
-        if armed.is_set() and statement.lstrip().upper().startswith("WITH"):
+        claim = "AS transaction_head" in statement or statement.lstrip().startswith("WITH")
+        if armed.is_set() and claim:
             armed.clear()
             raise Abort("hook blew up")
 

@@ -246,9 +246,9 @@ def bare_url(request: pytest.FixtureRequest) -> URL:
 
 
 def test_purge_refuses_a_missing_or_version_2_table(bare_url: URL) -> None:
-    """Without a table purge raises MissingTableError naming op.create_outbox_table(version=4),
+    """Without a table purge raises MissingTableError naming op.create_outbox_table(version=5),
     the current version; on a version-2 table (no index to purge by) SchemaVersionError naming
-    op.upgrade_outbox_table(2, 4), deleting nothing."""
+    op.upgrade_outbox_table(2, 5), deleting nothing."""
     from alembic.operations import Operations  # noqa: PLC0415 - only this test migrates
     from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
 
@@ -441,7 +441,7 @@ def test_cli_purge_on_a_version_2_table_names_the_migration(
     sqlite_url: URL, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Against a version-2 table the command exits 1 with the one sentence naming
-    op.upgrade_outbox_table(2, 4), the move to the current version."""
+    op.upgrade_outbox_table(2, 5), the move to the current version."""
     from alembic.operations import Operations  # noqa: PLC0415 - only this test migrates
     from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
 

@@ -4,7 +4,8 @@ database's version read back, and an older table refused with the migration that
 The released definitions are copied below *literally*, as the declarative classes they were
 released as (version 1: ``git show 70e9b84~1:sqla_outbox/model.py``; version 2: as first written
 for the ordering/dead-letter release; version 3: as first written for the retention release;
-version 4: as first written for the release that parks rows until they are due).
+version 4: as first written for the release that parks rows until they are due; version 5: as
+first written for the release whose parked rows name the row they wait for).
 They are the record the frozen versions in :mod:`sqla_outbox.versions` must keep matching: never
 update them to follow the code.
 Database tests run on a fresh PostgreSQL database and SQLite file each.
@@ -77,6 +78,8 @@ PG_FIX_2 = pg_fix(2)
 SQLITE_FIX_2 = PG_FIX_2.replace("'public.outbox'", "'outbox'")
 PG_FIX_3 = pg_fix(3)
 SQLITE_FIX_3 = PG_FIX_3.replace("'public.outbox'", "'outbox'")
+PG_FIX_4 = pg_fix(4)
+SQLITE_FIX_4 = PG_FIX_4.replace("'public.outbox'", "'outbox'")
 
 # --- the released definitions, copied literally ------------------------------------------------
 
@@ -303,6 +306,70 @@ class WrittenV4(_WrittenV4Base):
     wake_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
 
 
+class _WrittenV5Base(DeclarativeBase):
+    metadata = MetaData()
+
+
+class WrittenV5(_WrittenV5Base):
+    """Version 5 as first written (version 4 plus the column parked_behind and one partial index
+    over the rows that have one)."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        PrimaryKeyConstraint("id", name="pk_outbox"),
+        Index(
+            "ix_outbox_unpublished",
+            "staged_at",
+            "id",
+            postgresql_where=text("published_at IS NULL"),
+            sqlite_where=text("published_at IS NULL"),
+        ),
+        _partial(
+            "ix_outbox_claimable",
+            "published_at IS NULL AND dead_at IS NULL AND NOT parked",
+            "staged_at",
+            "id",
+        ),
+        _partial(
+            "ix_outbox_key",
+            "published_at IS NULL AND ordering_key IS NOT NULL",
+            "ordering_key",
+            "staged_at",
+            "id",
+        ),
+        _partial("ix_outbox_failing", "published_at IS NULL AND attempts > 0", "staged_at", "id"),
+        _partial("ix_outbox_parked_group", "parked", "staged_at"),
+        _partial("ix_outbox_parked_key", "parked", "ordering_key"),
+        _partial("ix_outbox_published", "published_at IS NOT NULL", "published_at"),
+        _partial("ix_outbox_waking", "wake_at IS NOT NULL", "wake_at"),
+        _partial("ix_outbox_parked_behind", "parked_behind IS NOT NULL", "parked_behind"),
+        {"comment": "sqla-outbox schema 5"},
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid(), primary_key=True)
+    job: Mapped[str] = mapped_column(String(255))
+    queue: Mapped[str] = mapped_column(String(255), server_default="default")
+    input: Mapped[Any] = mapped_column(_JSON)
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("3"))
+    run_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    staged_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    tenant_id: Mapped[str | None] = mapped_column(String(255))
+    traceparent: Mapped[str | None] = mapped_column(String(55))
+    enqueued_by: Mapped[str | None] = mapped_column(String(255))
+    claimed_by: Mapped[str | None] = mapped_column(String(255))
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    published_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    ordering_key: Mapped[str | None] = mapped_column(String(255))
+    retry_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    dead_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    parked: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    wake_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime())
+    parked_behind: Mapped[uuid.UUID | None] = mapped_column(Uuid())
+
+
 def table_of(mapped: type[DeclarativeBase]) -> Table:
     """The ``Table`` a declarative class maps."""
     table = mapped.__table__
@@ -402,29 +469,42 @@ def test_version_3_is_as_written() -> None:
     assert built.comment == "sqla-outbox schema 3"
 
 
-def test_version_4_is_the_mapped_table_and_as_written() -> None:
-    """OutboxRow maps version 4 exactly (the version this release needs), and version 4 is what
-    was written for it: version 3's columns unchanged plus the nullable timestamp wake_at, the
-    partial index ix_outbox_waking over wake_at where wake_at IS NOT NULL, and the comment
-    recording the version."""
-    assert outbox.SCHEMA_VERSION == versions.SCHEMA_VERSION == 4
+def test_version_4_is_as_written() -> None:
+    """Version 4 is what was written for it: version 3's columns unchanged plus the nullable
+    timestamp wake_at, the partial index ix_outbox_waking over wake_at where wake_at IS NOT
+    NULL, and the comment recording the version."""
     built = versions.build_table(4, MetaData())
-    assert layout(MAPPED) == layout(built)
     assert layout(built) == layout(table_of(WrittenV4))
     assert versions.column_names(4) == (*versions.column_names(3), "wake_at")
     assert versions.STEPS[4].index_names() == ("ix_outbox_waking",)
     assert built.c.wake_at.nullable
     assert isinstance(built.c.wake_at.type, UTCDateTime)
-    assert MAPPED.comment == "sqla-outbox schema 4"
+    assert built.comment == "sqla-outbox schema 4"
+
+
+def test_version_5_is_the_mapped_table_and_as_written() -> None:
+    """OutboxRow maps version 5 exactly (the version this release needs), and version 5 is what
+    was written for it: version 4's columns unchanged plus the nullable id parked_behind, the
+    partial index ix_outbox_parked_behind over it where it is not NULL, and the comment
+    recording the version."""
+    assert outbox.SCHEMA_VERSION == versions.SCHEMA_VERSION == 5
+    built = versions.build_table(5, MetaData())
+    assert layout(MAPPED) == layout(built)
+    assert layout(built) == layout(table_of(WrittenV5))
+    assert versions.column_names(5) == (*versions.column_names(4), "parked_behind")
+    assert versions.STEPS[5].index_names() == ("ix_outbox_parked_behind",)
+    assert built.c.parked_behind.nullable
+    assert MAPPED.comment == "sqla-outbox schema 5"
     assert MAPPED.metadata is outbox.metadata
     assert outbox.metadata.tables[outbox.TABLE_NAME] is MAPPED
 
 
-def test_only_version_4_changes_rows_before_its_removal() -> None:
+def test_only_versions_4_and_5_change_rows_before_their_removal() -> None:
     """Going down from version 4, the rows parked until they are due are unparked first (version
     3 has no wake_at, so nothing would ever wake them): the statement, pinned on both dialects,
-    sets parked to false on exactly the rows with a wake_at. Dropping any earlier step's columns
-    or indexes is enough by itself."""
+    sets parked to false on exactly the rows with a wake_at. Version 5's is pinned in
+    test_version_5_unparks_the_rows_parked_behind_a_holder_both_ways. Dropping any earlier
+    step's columns or indexes is enough by itself."""
     step = versions.STEPS[4]
     assert step.before_removal is not None
     statement = step.before_removal(versions.build_table(4, MetaData()))
@@ -437,7 +517,30 @@ def test_only_version_4_changes_rows_before_its_removal() -> None:
         "postgresql": "UPDATE outbox SET parked=false WHERE outbox.wake_at IS NOT NULL",
         "sqlite": "UPDATE outbox SET parked=0 WHERE outbox.wake_at IS NOT NULL",
     }
-    assert [v for v in versions.VERSIONS if versions.STEPS[v].before_removal] == [4]
+    assert [v for v in versions.VERSIONS if versions.STEPS[v].before_removal] == [4, 5]
+
+
+def test_version_5_unparks_the_rows_parked_behind_a_holder_both_ways() -> None:
+    """Up to version 5 and down from it, the rows parked behind a holder (parked, no wake_at)
+    are unparked: up, they name no holder (a claim that meets one parks it again, naming it);
+    down, version 4 would keep a holder it cannot read. Rows parked until due keep their
+    wake_at. No other step changes rows after it is added."""
+    step = versions.STEPS[5]
+    assert step.after_addition is not None
+    assert step.before_removal is not None
+    table = versions.build_table(5, MetaData())
+    for statement in (step.after_addition(table), step.before_removal(table)):
+        assert isinstance(statement, sa.Update)
+        compiled = str(
+            statement.compile(
+                dialect=DIALECTS["postgresql"], compile_kwargs={"literal_binds": True}
+            )
+        )
+        assert compiled == (
+            "UPDATE outbox SET parked=false, parked_behind=NULL "
+            "WHERE outbox.parked AND outbox.wake_at IS NULL"
+        )
+    assert [v for v in versions.VERSIONS if versions.STEPS[v].after_addition] == [5]
 
 
 def test_each_version_is_the_one_before_plus_its_step() -> None:
@@ -471,11 +574,11 @@ def test_build_table_makes_new_objects_in_any_schema() -> None:
     assert list(outbox.metadata.tables) == ["outbox"]
 
 
-@pytest.mark.parametrize("version", [0, 5, "2", True, None])
+@pytest.mark.parametrize("version", [0, 6, "2", True, None])
 def test_unknown_versions_are_refused(version: Any) -> None:
     """A version that was never released is a ConfigurationError naming the argument, the value
     and the versions that exist."""
-    known = r"version must be .*\(1, 2, 3, 4\), got "
+    known = r"version must be .*\(1, 2, 3, 4, 5\), got "
     with pytest.raises(outbox.ConfigurationError, match=known):
         versions.build_table(version, MetaData())
 
@@ -503,6 +606,7 @@ def test_reading_versions_from_comments_and_layouts() -> None:
     assert versions.version_added("parked") == 2
     assert versions.version_added("job") == 1
     assert versions.version_added("wake_at") == 4
+    assert versions.version_added("parked_behind") == 5
     assert versions.version_added("nope") is None
 
 
@@ -564,7 +668,8 @@ def upgrade(
 def test_table_version_reads_the_database(bare_url: URL) -> None:
     """table_version is None without a table, 1 for the table a bare op.create_outbox_table()
     makes, 2 after op.upgrade_outbox_table(1, 2), 3 after op.upgrade_outbox_table(2, 3) (on
-    SQLite, from the index alone), 4 after op.upgrade_outbox_table(3, 4), and the current
+    SQLite, from the index alone), 4 after op.upgrade_outbox_table(3, 4), 5 after
+    op.upgrade_outbox_table(4, 5), and the current
     version for outbox.metadata.create_all()."""
     engine = create_engine(bare_url)
     try:
@@ -584,6 +689,9 @@ def test_table_version_reads_the_database(bare_url: URL) -> None:
         upgrade(engine, 3, 4)
         with engine.connect() as conn:
             assert versions.table_version(conn, MAPPED) == 4
+        upgrade(engine, 4, 5)
+        with engine.connect() as conn:
+            assert versions.table_version(conn, MAPPED) == 5
         outbox.metadata.drop_all(engine)
         outbox.metadata.create_all(engine)
         with engine.connect() as conn:
@@ -615,7 +723,7 @@ def test_relay_check_on_a_version_1_table_names_the_upgrade(
     v1_engine: Engine, make_relay: MakeRelay
 ) -> None:
     """Relay.check() (and preflight.check_outbox_table under it) on a version-1 table raises
-    SchemaVersionError with the sentence naming op.upgrade_outbox_table(1, 4) and the table;
+    SchemaVersionError with the sentence naming op.upgrade_outbox_table(1, 5) and the table;
     after that migration the check passes."""
     expected = PG_FIX if v1_engine.dialect.name == "postgresql" else SQLITE_FIX
     relay = make_relay(v1_engine, lambda message: None)
@@ -634,7 +742,7 @@ def test_relay_check_on_a_version_2_table_names_the_upgrade(
     v2_engine: Engine, make_relay: MakeRelay
 ) -> None:
     """Relay.check() on a version-2 table raises SchemaVersionError naming
-    op.upgrade_outbox_table(2, 4), on PostgreSQL from the comment and on SQLite from the missing
+    op.upgrade_outbox_table(2, 5), on PostgreSQL from the comment and on SQLite from the missing
     index of version 3 (which adds no column); after that migration the check passes."""
     expected = PG_FIX_2 if v2_engine.dialect.name == "postgresql" else SQLITE_FIX_2
     relay = make_relay(v2_engine, lambda message: None)
@@ -642,7 +750,7 @@ def test_relay_check_on_a_version_2_table_names_the_upgrade(
         relay.check()
     assert str(caught.value) == expected
 
-    upgrade(v2_engine, 2, 4)
+    upgrade(v2_engine, 2, 5)
     relay.check()
 
 
@@ -650,7 +758,7 @@ def test_relay_check_on_a_version_3_table_names_the_upgrade(
     v3_engine: Engine, make_relay: MakeRelay
 ) -> None:
     """Relay.check() on a version-3 table raises SchemaVersionError naming
-    op.upgrade_outbox_table(3, 4): the relay's sweep parks rows in wake_at, which version 3 lacks
+    op.upgrade_outbox_table(3, 5): the relay's sweep parks rows in wake_at, which version 3 lacks
     (on PostgreSQL read from the comment, on SQLite from the missing column); after that
     migration the check passes."""
     expected = PG_FIX_3 if v3_engine.dialect.name == "postgresql" else SQLITE_FIX_3
@@ -659,12 +767,29 @@ def test_relay_check_on_a_version_3_table_names_the_upgrade(
         relay.check()
     assert str(caught.value) == expected
 
+    upgrade(v3_engine, 3, 5)
+    relay.check()
+
+
+def test_relay_check_on_a_version_4_table_names_the_upgrade(
+    v3_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Relay.check() on a version-4 table raises SchemaVersionError naming
+    op.upgrade_outbox_table(4, 5): claims park rows naming the row they wait for, in
+    parked_behind, which version 4 lacks; after that migration the check passes."""
     upgrade(v3_engine, 3, 4)
+    expected = PG_FIX_4 if v3_engine.dialect.name == "postgresql" else SQLITE_FIX_4
+    relay = make_relay(v3_engine, lambda message: None)
+    with pytest.raises(outbox.SchemaVersionError) as caught:
+        relay.check()
+    assert str(caught.value) == expected
+
+    upgrade(v3_engine, 4, 5)
     relay.check()
 
 
 def test_enqueue_on_a_version_2_table_still_commits(v2_engine: Engine) -> None:
-    """Version 3 adds only an index and version 4 a column only relays write, neither of which
+    """Version 3 adds only an index and versions 4 and 5 columns only relays write, none of which
     enqueue needs: on a version-2 table a staged message still commits (an application upgraded
     before its migration keeps working), and the relay's start-up check is what names the
     migration."""
@@ -705,19 +830,19 @@ def _purge_one_old_row(engine: Engine) -> int:
 
 def test_purge_runs_on_a_version_3_table(v3_engine: Engine) -> None:
     """purge() reads only ix_outbox_published (version 3) and published rows: a version-3
-    table is purged as the current one is, though relays need version 4."""
+    table is purged as the current one is, though relays need version 5."""
     assert _purge_one_old_row(v3_engine) == 1
 
 
 def test_purge_refuses_a_version_2_table(v2_engine: Engine) -> None:
     """On a version-2 table (no ix_outbox_published) purge() names the upgrade."""
-    with pytest.raises(outbox.SchemaVersionError, match=r"upgrade_outbox_table\(2, 4\)"):
+    with pytest.raises(outbox.SchemaVersionError, match=r"upgrade_outbox_table\(2, 5\)"):
         _purge_one_old_row(v2_engine)
 
 
 def test_enqueue_on_a_version_1_table_names_the_upgrade(v1_engine: Engine) -> None:
     """enqueue + commit on a version-1 table raises SchemaVersionError naming
-    op.upgrade_outbox_table(1, 4) (not the driver's "column does not exist"), and writes
+    op.upgrade_outbox_table(1, 5) (not the driver's "column does not exist"), and writes
     nothing; after the migration the same enqueue commits."""
     expected = PG_FIX if v1_engine.dialect.name == "postgresql" else SQLITE_FIX
     expected = expected.replace("'public.outbox'", "'outbox'")  # no catalog read at commit
@@ -764,7 +889,7 @@ def test_only_columns_of_later_versions_mean_an_old_table(v1_engine: Engine) -> 
 
 
 def test_missing_table_names_the_versioned_create(bare_url: URL, make_relay: MakeRelay) -> None:
-    """Without the table, the start-up check names op.create_outbox_table(version=4), the
+    """Without the table, the start-up check names op.create_outbox_table(version=5), the
     current version: a bare call would create version 1, which this release refuses."""
     engine = create_engine(bare_url)
     fix = rf"create_outbox_table\(version={CURRENT}\)"

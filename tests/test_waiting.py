@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 from support import WAIT, MakeRelay, ManualClock, pg_rows_read
 
 import sqla_outbox as outbox
-from sqla_outbox import analyzing, driver_sql, queries, waiting
+from sqla_outbox import analyzing, queries, waiting
 from sqla_outbox.message import OutboxMessage
+from sqla_outbox.stores import psycopg_sql
 from sqla_outbox.sweeping import ParkedCursor, SweepClock, Swept
 
 Row = outbox.OutboxRow
@@ -253,7 +254,7 @@ def test_a_sweep_reads_no_more_than_the_head_of_the_claim_index(pg_engine: Engin
             "now() - interval '1 hour' + n * interval '1 ms' FROM generate_series(1, 3000) AS n"
         )
         conn.exec_driver_sql("ANALYZE outbox")
-    park = driver_sql.precompile(queries.park_waiting_stmt("postgresql"), pg_engine.dialect)
+    park = psycopg_sql.precompile(queries.park_waiting_stmt("postgresql"), pg_engine.dialect)
     params = park.params({"head": head, "park_ahead": waiting.PARK_AHEAD})
     with pg_engine.connect() as conn:
         (plan,) = conn.exec_driver_sql(
@@ -315,7 +316,7 @@ def test_a_sweep_reads_a_window_of_the_parked_rows_not_all(pg_engine: Engine) ->
             "now() + interval '1 day' FROM generate_series(1, 3000) AS n"
         )
         conn.exec_driver_sql("ANALYZE outbox")
-    sweep = driver_sql.precompile(queries.sweep_parked_stmt("postgresql"), pg_engine.dialect)
+    sweep = psycopg_sql.precompile(queries.sweep_parked_stmt("postgresql"), pg_engine.dialect)
     params = sweep.params({"limit": 100, **ParkedCursor().params()})
     with pg_engine.connect() as conn:
         (plan,) = conn.exec_driver_sql(
@@ -377,10 +378,11 @@ def test_a_sweep_that_parks_rows_in_thousands_analyses_the_table(
 def test_a_mark_learns_whether_rows_are_parked_from_an_index(
     pg_engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """A mark unparks what its rows held back only while some row is parked. With thousands
-    parked (here by a sweep, until due, stored after the due rows) and the statistics saying
-    so, an EXISTS over parked rows was planned as a sequential scan that read every due row
-    first: 8 ms of every mark. The mark reads the first entry of ix_outbox_parked_group."""
+    """A mark unparks what its rows held back only while some row is parked behind another.
+    With thousands parked (here by a sweep, until due, stored after the due rows) and the
+    statistics saying so, an EXISTS over parked rows is planned as a sequential scan that reads
+    every due row first. The mark reads the first entry of ix_outbox_parked_behind, which rows
+    parked until due are not in."""
     with pg_engine.begin() as conn:
         for job, run_at, rows in (
             ("due", "now()", 2000),
@@ -410,4 +412,4 @@ def test_a_mark_learns_whether_rows_are_parked_from_an_index(
         )
         conn.rollback()
     parked_probe = [line for line in plan if " on outbox some_parked" in line]
-    assert parked_probe and "ix_outbox_parked_group" in parked_probe[0], "\n".join(plan)
+    assert parked_probe and "ix_outbox_parked_behind" in parked_probe[0], "\n".join(plan)

@@ -24,7 +24,6 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from sqla_outbox import driver_sql
 from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.preflight import SUPPORTED_DATABASES, engine_from_url, resolve_bind
@@ -52,7 +51,7 @@ def open_store(engine: Engine, **settings: Any) -> SqlStore:
     """The store for ``engine``'s database and driver, with a relay's ``settings``."""
     name = engine.dialect.name
     if name == "postgresql":
-        if driver_sql.applies(engine.dialect, engine.get_execution_options()):
+        if psycopg.applies(engine.dialect, engine.get_execution_options()):
             return PsycopgStore(engine, **settings)
         return PostgresStore(engine, **settings)
     if name == "sqlite":

@@ -3,9 +3,14 @@
 :class:`SqlStore` runs the statements of :mod:`sqla_outbox.queries` for one relay, each step in
 a transaction of its own (``engine.begin()``), and turns their rows into messages. The
 :class:`~sqla_outbox.Relay` above it keeps the loop and the pass protocol and never sees SQL, a
-dialect or a driver. What differs between databases is the claim (one statement on PostgreSQL,
-a write-locked transaction on SQLite, lock-read-stamp on MySQL) and what each can do for speed;
-each subclass in this package overrides only that.
+dialect or a driver.
+
+A claim is one transaction here, on every database: lock a window of candidates with their
+predecessors, read the holders, decide with :mod:`sqla_outbox.plan`, stamp and park by id
+(:mod:`sqla_outbox.queries.claim`). What differs between databases is how a transaction is held
+(SQLite's write lock, MySQL's ``READ COMMITTED``, PostgreSQL's held connection) and what each
+can do for speed (PostgreSQL's one-statement claim while nothing is crowded); each subclass in
+this package overrides only that.
 
 Every write after the claim is fenced on the claim's token (see :mod:`sqla_outbox.queries`), so
 a relay that stalled past its lease changes nothing another relay holds now.
@@ -25,9 +30,8 @@ from typing import Any
 from sqlalchemy import Connection, CursorResult, Engine, Executable, Select, Update
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import queries, waiting
-from sqla_outbox.claims import Claimed, WriteBack, next_window
-from sqla_outbox.listener import NotificationListener
+from sqla_outbox import clock, plan, queries, waiting
+from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.liveness import Liveness
 from sqla_outbox.logs import describe_error, log_event
 from sqla_outbox.message import OutboxMessage
@@ -35,6 +39,7 @@ from sqla_outbox.model import as_utc
 from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.retries import RetryPolicy
 from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.stores.listener import NotificationListener
 from sqla_outbox.sweeping import ParkedCursor, Swept
 
 __all__ = ["SWEEP_LIMIT", "SqlStore"]
@@ -42,8 +47,15 @@ __all__ = ["SWEEP_LIMIT", "SqlStore"]
 log = logging.getLogger("sqla_outbox.relay")
 
 _FIELDS = len(queries.MESSAGE_FIELDS)
-_WIDEN_TRIES = 4
-"""Claims one pass may make while each finds only held-back rows."""
+_STAGED_AT = queries.MESSAGE_FIELDS.index("staged_at")
+_ORDERING_KEY = queries.MESSAGE_FIELDS.index("ordering_key")
+_CLAIM = len(queries.CLAIM_FIELDS)
+"""Where a window row's links start: after the claim's fields."""
+_FIRST: plan.Position = (dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc), plan.FIRST_ID)
+"""A position before every row: the first window reads from the start (the earliest instant
+every database's column takes)."""
+_PARKING_TRIES = 4
+"""Claims one call may make while each takes nothing but parks or unparks rows."""
 SWEEP_LIMIT = 10_000
 """Parked rows one sweep reads, and so may unpark (:func:`sqla_outbox.queries.parked_window`)."""
 
@@ -60,7 +72,7 @@ class SqlStore:
     """One relay's statements on ``engine``, each step a transaction through SQLAlchemy Core.
 
     Not thread-safe, except :meth:`renew`: the relay serialises its passes, and renewal runs on
-    a connection of its own. Subclasses provide :meth:`_claim_once`.
+    a connection of its own.
     """
 
     can_claim_ahead = False
@@ -85,11 +97,15 @@ class SqlStore:
         self._lease = claim_lease
         self._retry = retry
         self._liveness = liveness
-        self._window = batch_size
         self._held: Connection | None = None
         """A connection kept across passes by stores whose steps use one (see
         :meth:`_held_connection`)."""
         dialect = self._dialect = engine.dialect.name
+        self._window = queries.window_stmt(dialect, order)
+        self._holders = queries.holders_stmt(dialect)
+        self._stamp = queries.stamp_stmt(dialect)
+        self._park_rows = queries.park_rows_stmt(dialect)
+        self._unpark_rows = queries.unpark_rows_stmt(dialect)
         self._mark = queries.mark_published_stmt(dialect)
         self._unpark = queries.unpark_behind_stmt(dialect)
         self._release = queries.release_stmt(dialect)
@@ -116,52 +132,101 @@ class SqlStore:
         return True
 
     def claim(self, token: str, carried: WriteBack | None) -> Claimed:
-        """Claim the next rows (writing ``carried`` with them, see :meth:`can_carry`), widening
-        the window while held-back rows fill it.
+        """Claim the next rows, writing ``carried`` with them (see :meth:`can_carry`).
 
         A claim that takes nothing but parks or unparks rows has made progress: the next one
-        sees further, so it goes again at once (each parks up to a window of rows, so a backlog
-        held behind dead letters is parked within a bounded number of claims). A claim whose
-        window holds only rows held by live claims of other relays widens the window, doubling
-        up to ``claims._MAX_WINDOW`` batches, and gives up after :data:`_WIDEN_TRIES` claims
-        that changed nothing: those rows wait for their relays.
+        sees past the rows it parked, or the rows the mark it carried freed, so it goes again at
+        once, a bounded number of times (:data:`_PARKING_TRIES`).
         """
-        idle_tries = 0
+        tries = 0
         while True:
-            claimed = self._claim_once(token, carried, self._claim_params(token))
+            claimed = self._claim_once(token, carried)
             carried = None
-            progressed = claimed.parked or claimed.unparked
-            # A claim that took rows widens only for those it left unparked; one that took
-            # nothing widens for all (a backlog parked behind dead letters is parked a wider
-            # window at a time).
-            held = claimed.held_unparked if claimed.messages else claimed.held
-            self._window = next_window(self._window, self._batch_size, held)
-            if claimed.messages or not (claimed.held or progressed):
-                return claimed
-            idle_tries = 0 if progressed else idle_tries + 1
-            if idle_tries >= _WIDEN_TRIES:
+            tries += 1
+            moved = claimed.parked or claimed.unparked
+            if claimed.messages or not moved or tries >= _PARKING_TRIES:
                 return claimed
 
-    def _claim_params(self, token: str) -> dict[str, Any]:
-        return self._params(
-            limit=self._batch_size, window=self._window, lease=self._lease, token=token
-        )
+    def _claim_once(self, token: str, carried: WriteBack | None) -> Claimed:
+        return self._planned(token, carried, done_token(token, carried))
 
-    def _claim_once(self, token: str, carried: WriteBack | None, params: dict[str, Any]) -> Claimed:
-        raise NotImplementedError
+    def _planned(self, token: str, carried: WriteBack | None, done: str) -> Claimed:
+        """One claim as one transaction: the carried write-back, then :meth:`_plan_claim`."""
+        with self._transaction(statements=4) as conn:
+            if carried is not None:
+                self._write_in_steps(conn, carried)
+            return self._plan_claim(conn, token, done)
+
+    def _plan_claim(self, conn: Connection, token: str, done: str) -> Claimed:
+        """Claim on ``conn``, in its transaction: read windows of candidates with their
+        predecessors and the holders, decide with :func:`sqla_outbox.plan.claim_windows`, stamp
+        what it takes and park what waits for a stuck row (see :mod:`sqla_outbox.queries.claim`).
+
+        ``done``: the token of a claim whose rows count as published.
+        """
+        params = self._params(lease=self._lease, done=done, stuck_ahead=plan.PARK_AFTER)
+        rows: dict[uuid.UUID, Sequence[Any]] = {}
+
+        def read(after: plan.Position | None, size: int) -> list[plan.Links]:
+            at, after_id = after or _FIRST
+            window = {**params, "window": size, "after_staged_at": at, "after_id": after_id}
+            read_rows = self._read_window(conn, window)
+            links = []
+            for row in read_rows:
+                rows[row[0]] = row
+                links.append(plan.Links(row[0], row[_STAGED_AT], row[_ORDERING_KEY], *row[_CLAIM:]))
+            return links
+
+        def holders_of(ids: set[uuid.UUID]) -> dict[uuid.UUID, plan.Holder]:
+            holders = self._execute(conn, self._holders, {**params, "ids": list(ids)})
+            return {row[0]: plan.Holder(*row) for row in self._rows(holders)}
+
+        _candidates, decided = plan.claim_windows(read, holders_of, limit=self._batch_size)
+        if decided.take:
+            stamp = {**params, "ids": decided.take, "token": token}
+            self._execute(conn, self._stamp, stamp)
+        parked, left = self._park(conn, decided.park, holders_of)
+        claimed = self._decode(token, [rows[row_id] for row_id in decided.take], 0)
+        claimed.parked = parked
+        claimed.held = len(decided.leave) + left
+        if decided.unpark:
+            unpark = {"ids": list(decided.unpark)}
+            claimed.unparked = self._execute(conn, self._unpark_rows, unpark).rowcount
+        return claimed
+
+    def _read_window(self, conn: Connection, params: dict[str, Any]) -> Sequence[Any]:
+        """Lock and read one window of candidates: the claim's fields, then each row's links
+        (:func:`~sqla_outbox.queries.window_stmt`)."""
+        return self._rows(self._execute(conn, self._window, params))
+
+    def _park(
+        self,
+        conn: Connection,
+        park: dict[uuid.UUID, uuid.UUID],
+        holders_of: Callable[[set[uuid.UUID]], dict[uuid.UUID, plan.Holder]],
+    ) -> tuple[int, int]:
+        """Park the rows of ``park`` behind the rows they wait for; how many were parked, and
+        how many left instead, their holder published since it was read (another relay
+        published it, and unparked what waited for it: parked behind it now, a row would wait
+        for the sweep)."""
+        parking = _grouped(park)
+        if not parking:
+            return 0, 0
+        waited_for = holders_of({behind for behind in parking if behind is not None})
+        parked = left = 0
+        for behind, ids in parking.items():
+            holder = waited_for.get(behind) if behind is not None else None
+            if holder is None or holder.published:
+                left += len(ids)
+                continue
+            self._execute(conn, self._park_rows, {"ids": ids, "behind": behind})
+            parked += len(ids)
+        return parked, left
 
     def _params(self, **params: Any) -> dict[str, Any]:
-        """``params`` with the instants a statement compares with: ``now`` and, for a claim,
-        ``cutoff`` (``now - lease``), for a sweep ``park_after`` and ``wake_before``, all
-        computed here in UTC. (PostgreSQL's store uses the server's clock instead.)"""
-        now = dt.datetime.now(dt.timezone.utc)
-        params["now"] = now
-        if "lease" in params:
-            params["cutoff"] = now - params.pop("lease")
-        if "park_ahead" in params:  # a sweep's (see queries.park_waiting_stmt)
-            params["park_after"] = now + params.pop("park_ahead")
-            params["wake_before"] = now + params.pop("wake_ahead")
-        return params
+        """``params`` with the instants a statement compares with, by whose clock rules
+        (:func:`sqla_outbox.clock.instants`)."""
+        return clock.instants(self._dialect, params)
 
     def _rows(self, result: CursorResult[Any]) -> Sequence[Any]:
         return result.all()  # Rows index like tuples
@@ -222,7 +287,7 @@ class SqlStore:
             [m.id for m in outcome.published],
             failures,
             [m.id for m in outcome.handed_back],
-            [m.id for m in outcome.held_back],
+            {m.id: outcome.waits_for[m.id] for m in outcome.held_back},
         )
         return write_back, dead
 
@@ -241,11 +306,14 @@ class SqlStore:
         if write_back.failures:
             result = self._execute(conn, self._fail, write_back.failures)
             self._check(token, "charge", expected=len(write_back.failures), touched=result.rowcount)
-        for ids, park in ((write_back.released, False), (write_back.held, True)):
-            if ids:
-                params = self._params(token=token, ids=ids, park=park)
-                result = self._execute(conn, self._release, params)
-                self._check(token, "release", expected=len(ids), touched=result.rowcount)
+        releases: dict[uuid.UUID | None, list[uuid.UUID]] = {}
+        if write_back.released:
+            releases[None] = write_back.released
+        releases.update(_grouped(write_back.held))
+        for behind, ids in releases.items():
+            params = {"token": token, "ids": ids, "park": behind is not None, "behind": behind}
+            result = self._execute(conn, self._release, params)
+            self._check(token, "release", expected=len(ids), touched=result.rowcount)
 
     def _mark_rows(self, conn: Connection, token: str, ids: list[uuid.UUID]) -> None:
         """Mark ``ids`` published and unpark what they held back."""
@@ -277,7 +345,8 @@ class SqlStore:
         return failures
 
     def _retry_params(self, now: dt.datetime, backoff: dt.timedelta) -> dict[str, Any]:
-        """What :func:`~queries.fail_stmt` needs to compute a failed row's ``retry_at``."""
+        """What :func:`~queries.fail_stmt` needs to compute a failed row's ``retry_at``: the
+        instants, where this host's clock rules (:mod:`sqla_outbox.clock`)."""
         return {"now": now, "retry_at": now + backoff}
 
     # -- renewal and sweeps ----------------------------------------------------------------------
@@ -412,3 +481,20 @@ class SqlStore:
                 held.close()
             except SQLAlchemyError:
                 log.debug("closing a broken relay connection failed", exc_info=True)
+
+
+def done_token(token: str, carried: WriteBack | None) -> str:
+    """The token of the claim whose rows a new claim ``token`` counts as published: the claim
+    whose mark it carries (a claim taken ahead carries the mark of nothing for the claim being
+    published meanwhile, :mod:`sqla_outbox.overlap`), else its own, which no row carries yet."""
+    if carried is not None and carried.mark_only:
+        return carried.token
+    return token
+
+
+def _grouped(behind: dict[uuid.UUID, uuid.UUID]) -> dict[uuid.UUID | None, list[uuid.UUID]]:
+    """Rows to park (row -> the row it waits for), as the rows parked behind each."""
+    groups: dict[uuid.UUID | None, list[uuid.UUID]] = {}
+    for row_id, holder in behind.items():
+        groups.setdefault(holder, []).append(row_id)
+    return groups

@@ -748,3 +748,78 @@ def test_two_relays_park_rows_not_due_and_publish_each_once_when_its_time_comes(
 def ledger_publisher(ledger: Ledger, name: str) -> Callable[[OutboxMessage], None]:
     """A publisher recording into ``ledger`` as ``name``."""
     return lambda message: ledger.record(name, [message])
+
+
+def test_a_predecessor_locked_by_a_claim_this_instant_holds_back_what_follows_it(
+    store_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Two claims can read the same rows at once: ``SKIP LOCKED`` then hands each the rows the
+    other has not locked yet, so a claim may find row 1 of a transaction (and of key K) locked
+    by the other's statement for an instant, and rows 0 and 2 free. Row 2 must wait for row 1
+    (by transaction and by key, in a later transaction); row 0 and the unrelated transaction
+    go. The other claim's lock is reproduced by a transaction that holds it open. (On MySQL
+    and MariaDB a locking read skips locked rows in its subqueries too: the predecessors are
+    read without locks.) SQLite claims under its write lock: no row is ever locked alone."""
+    if store_engine.dialect.name == "sqlite":
+        pytest.skip("SQLite locks the whole database, never one row")
+    first = stage_inputs(store_engine, "tx", [0, 1, 2])
+    keyed = stage_inputs(store_engine, "keyed", [1], ordering_key="K")
+    later = stage_inputs(store_engine, "keyed", [2], ordering_key="K")
+    other = stage_inputs(store_engine, "other", [0, 1])
+    with transaction(store_engine) as session:  # K on row 1 of the first transaction too
+        session.execute(
+            update(outbox.OutboxRow)
+            .where(outbox.OutboxRow.id == first[1].id)
+            .values(ordering_key="K")
+        )
+    published: list[OutboxMessage] = []
+    relay = make_relay(store_engine, published.append, batch_size=10)
+    row = outbox.OutboxRow
+    with store_engine.connect() as holder:
+        holder.execute(select(row.id).where(row.id == first[1].id).with_for_update())
+        relay.tick()
+        holder.rollback()
+    assert [m.id for m in published] == [first[0].id, *(m.id for m in other)]
+    relay.tick()
+    relay.tick()
+    expected = [first[0], *other, first[1], first[2], *keyed, *later]
+    assert [m.id for m in published] == [m.id for m in expected]
+
+
+@pytest.mark.parametrize(("transactions", "rows"), [(20, 1_000), (2, 10_000)])
+def test_a_second_relay_claims_another_transaction_while_the_first_holds_one(
+    store_engine: Engine, make_relay: MakeRelay, transactions: int, rows: int
+) -> None:
+    """Scale-out on large transactions: relay A holds the first 100 rows of the first
+    transaction. Relay B's first claim passes the rest of that transaction by (it waits for A)
+    and takes the first 100 rows of the next one, in order, however long the held one is."""
+    start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    table = outbox.OutboxRow.__table__
+    staged: list[list[uuid.UUID]] = []
+    with store_engine.begin() as conn:
+        for number in range(transactions):
+            at = start + dt.timedelta(seconds=number)
+            ids = [uuid.UUID(int=(number << 64) + n + 1) for n in range(rows)]
+            staged.append(ids)
+            conn.execute(
+                table.insert(),
+                [
+                    {
+                        "id": row_id,
+                        "job": "big",
+                        "input": {},
+                        "idempotency_key": str(row_id),
+                        "run_at": at,
+                        "staged_at": at,
+                    }
+                    for row_id in ids
+                ],
+            )
+    a = make_relay(store_engine, lambda message: None, batch_size=100, relay_id="A")
+    b = make_relay(store_engine, lambda message: None, batch_size=100, relay_id="B")
+    held = a._statements.claim("A:1", None)
+    assert [m.id for m in held.messages] == staged[0][:100]
+    taken = b._statements.claim("B:1", None)
+    assert [m.id for m in taken.messages] == staged[1][:100]
+    a._statements.drop_connection()
+    b._statements.drop_connection()

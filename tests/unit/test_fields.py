@@ -97,6 +97,7 @@ RELAY_COLUMNS = frozenset(
         "dead_at",
         "parked",
         "wake_at",
+        "parked_behind",
     }
 )
 """The table's columns that are the relay's bookkeeping, not part of a message."""

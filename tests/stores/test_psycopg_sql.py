@@ -1,4 +1,4 @@
-"""The relay's numbered driver SQL on a real psycopg connection (``driver_sql.execute``).
+"""The relay's numbered driver SQL on a real psycopg connection (``psycopg_sql.execute``).
 
 The statement goes through a ``RawCursor`` for one execute: the connection must come back as
 it was (a ``%(name)s`` statement after it still runs), also when the statement fails, and the
@@ -20,12 +20,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import sqla_outbox as outbox
-from sqla_outbox import driver_sql
+from sqla_outbox.stores import psycopg_sql
 
 
 def test_numbered_sql_runs_and_leaves_the_connection_as_it_was(pg_engine: Engine) -> None:
     ids = [uuid.uuid4() for _ in range(3)]
-    statement = driver_sql.precompile(
+    statement = psycopg_sql.precompile(
         select(func.cardinality(bindparam("ids", type_=ARRAY(Uuid()))), bindparam("n") + 1),
         pg_engine.dialect,
     )
@@ -34,20 +34,20 @@ def test_numbered_sql_runs_and_leaves_the_connection_as_it_was(pg_engine: Engine
         driver = conn.connection.driver_connection
         assert driver is not None
         factory = driver.cursor_factory
-        rows = driver_sql.execute(conn, statement, {"ids": ids, "n": 41}).all()
+        rows = psycopg_sql.execute(conn, statement, {"ids": ids, "n": 41}).all()
         assert rows == [(3, 42)]
         assert driver.cursor_factory is factory
         assert conn.execute(text("SELECT :x"), {"x": "named again"}).scalar() == "named again"
 
 
 def test_a_failing_numbered_statement_restores_the_cursor_factory(pg_engine: Engine) -> None:
-    statement = driver_sql.precompile(select(cast(bindparam("n"), Uuid())), pg_engine.dialect)
+    statement = psycopg_sql.precompile(select(cast(bindparam("n"), Uuid())), pg_engine.dialect)
     with pg_engine.connect() as conn:
         driver = conn.connection.driver_connection
         assert driver is not None
         factory = driver.cursor_factory
         with pytest.raises(DBAPIError, match="uuid"):
-            driver_sql.execute(conn, statement, {"n": "not a uuid"})
+            psycopg_sql.execute(conn, statement, {"n": "not a uuid"})
         assert driver.cursor_factory is factory
         conn.rollback()
         assert conn.execute(text("SELECT :x"), {"x": 1}).scalar() == 1
@@ -58,15 +58,15 @@ def test_uuid_arrays_travel_binary_and_arrive_intact(pg_engine: Engine) -> None:
     the connection, is psycopg's binary list dumper (its text format quotes every element
     through a regular expression, 1.2 ms for a 1,000-row claim's ids)."""
     ids = [uuid.uuid4(), uuid.uuid4()]
-    statement = driver_sql.precompile(
+    statement = psycopg_sql.precompile(
         select(bindparam("ids", type_=ARRAY(Uuid()))), pg_engine.dialect
     )
     with pg_engine.connect() as conn:
-        row = driver_sql.execute(conn, statement, {"ids": ids}).one()
+        row = psycopg_sql.execute(conn, statement, {"ids": ids}).one()
         assert row[0] == ids
         driver = conn.connection.driver_connection
         assert driver is not None
-        dumper = driver.adapters.get_dumper(driver_sql._BinaryArray, PyFormat.AUTO)
+        dumper = driver.adapters.get_dumper(psycopg_sql._BinaryArray, PyFormat.AUTO)
         assert dumper.format == pq.Format.BINARY
 
 
@@ -112,21 +112,21 @@ _JSONB_VALUES = (
 
 def test_relay_statements_decode_jsonb_exactly_as_the_connection_would(pg_engine: Engine) -> None:
     """The relay's cursor decodes ``jsonb`` without ``json.loads``' encoding detection (see
-    ``driver_sql._jsonb_loader``): every value, non-ASCII and non-BMP text, huge integers and
+    ``psycopg_sql._jsonb_loader``): every value, non-ASCII and non-BMP text, huge integers and
     long decimals included, comes out equal and of the same types as through the connection's
     own loader, and the connection keeps that loader."""
     from psycopg.types.json import JsonbLoader  # noqa: PLC0415 - this test's driver
 
     selects = ", ".join(f"CAST(:v{n} AS jsonb)" for n in range(len(_JSONB_VALUES)))
     params = {f"v{n}": value for n, value in enumerate(_JSONB_VALUES)}
-    statement = driver_sql.precompile(text(f"SELECT {selects}"), pg_engine.dialect)
+    statement = psycopg_sql.precompile(text(f"SELECT {selects}"), pg_engine.dialect)
     with pg_engine.connect() as conn:
         driver = conn.connection.driver_connection
         assert driver is not None
         jsonb = driver.adapters.types["jsonb"].oid
         before = driver.adapters.get_loader(jsonb, pq.Format.TEXT)
         assert before is JsonbLoader  # psycopg's own: the case the relay reads faster
-        relay_row = driver_sql.execute(conn, statement, params).one()
+        relay_row = psycopg_sql.execute(conn, statement, params).one()
         assert driver.adapters.get_loader(jsonb, pq.Format.TEXT) is before
         own_row = conn.execute(text(f"SELECT {selects}"), params).one()
     expected = [json.loads(value) for value in _JSONB_VALUES]
@@ -186,15 +186,15 @@ def test_a_relay_compiles_each_statement_when_first_sent_and_once(
     a relay alone never sends the claims for a crowded outbox, nor one without failures the
     settle. Building a relay compiles nothing; a drain compiles what it sends, each once."""
     compiled: list[str] = []
-    precompile = driver_sql.precompile
+    precompile = psycopg_sql.precompile
 
-    def counting(statement: Any, dialect: Any, *args: Any) -> driver_sql.Precompiled:
+    def counting(statement: Any, dialect: Any, *args: Any) -> psycopg_sql.Precompiled:
         result = precompile(statement, dialect, *args)
         if not result.sql.startswith("INSERT"):  # the staging INSERT: enqueue's, not the relay's
             compiled.append(result.sql)
         return result
 
-    monkeypatch.setattr(driver_sql, "precompile", counting)
+    monkeypatch.setattr(psycopg_sql, "precompile", counting)
     with outbox.Relay(pg_engine, lambda message: None, batch_size=2) as relay:
         assert compiled == []
         for drain in range(2):

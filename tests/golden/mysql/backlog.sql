@@ -1,0 +1,13 @@
+SELECT count(*) AS pending,
+       count(CASE
+                 WHEN (outbox.dead_at IS NOT NULL) THEN 1
+             END) AS dead,
+       min(CASE
+               WHEN (outbox.run_at <= %s) THEN CASE
+                                                   WHEN (outbox.run_at > outbox.staged_at) THEN outbox.run_at
+                                                   ELSE outbox.staged_at
+                                               END
+           END) AS oldest_due_at,
+       CAST(%s AS DATETIME(6)) AS NOW
+FROM outbox
+WHERE outbox.published_at IS NULL

@@ -1,0 +1,8 @@
+SELECT outbox.id
+FROM outbox
+WHERE outbox.published_at IS NULL
+  AND outbox.dead_at IS NOT NULL
+ORDER BY outbox.staged_at,
+         outbox.id
+FOR
+UPDATE

@@ -1,0 +1,4 @@
+DELETE
+FROM outbox
+WHERE outbox.published_at IS NULL
+  AND outbox.dead_at IS NOT NULL

@@ -1,0 +1,9 @@
+UPDATE outbox
+SET claimed_by=NULL,
+    claimed_at=NULL,
+    attempts=%(attempts)s::INTEGER,
+    retry_at=NULL,
+    dead_at=NULL
+WHERE outbox.published_at IS NULL
+  AND outbox.dead_at IS NOT NULL
+  AND outbox.id = ANY (%(ids)s::UUID[]) RETURNING outbox.id

@@ -1,0 +1,5 @@
+DELETE
+FROM outbox
+WHERE outbox.published_at IS NULL
+  AND outbox.dead_at IS NOT NULL
+  AND outbox.id IN (__[POSTCOMPILE_ids]) RETURNING id

@@ -1,0 +1,4 @@
+UPDATE outbox
+SET parked=?,
+    parked_behind=?
+WHERE outbox.id IN (__[POSTCOMPILE_ids])

@@ -1,0 +1,26 @@
+UPDATE outbox
+SET parked=?,
+    wake_at=CASE
+                WHEN (outbox.retry_at > outbox.run_at) THEN outbox.retry_at
+                ELSE outbox.run_at
+            END
+WHERE outbox.id IN
+    (SELECT head.id
+     FROM
+       (SELECT head_row.id AS id,
+               head_row.run_at AS run_at,
+               head_row.retry_at AS retry_at,
+               head_row.claimed_by AS claimed_by
+        FROM outbox AS head_row
+        WHERE head_row.published_at IS NULL
+          AND head_row.dead_at IS NULL
+          AND NOT head_row.parked
+        ORDER BY head_row.staged_at,
+                 head_row.id
+        LIMIT __[POSTCOMPILE_head]
+        OFFSET ?) AS head
+     WHERE head.claimed_by IS NULL
+       AND CASE
+               WHEN (head.retry_at > head.run_at) THEN head.retry_at
+               ELSE head.run_at
+           END > ?)

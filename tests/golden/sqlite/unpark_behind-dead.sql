@@ -1,0 +1,8 @@
+UPDATE outbox
+SET parked=0,
+    parked_behind=NULL
+WHERE outbox.parked_behind IN
+    (SELECT holder.id
+     FROM outbox AS holder
+     WHERE holder.dead_at IS NOT NULL
+       AND holder.published_at IS NULL)

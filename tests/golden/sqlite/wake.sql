@@ -1,0 +1,5 @@
+UPDATE outbox
+SET parked=?,
+    wake_at=NULL
+WHERE outbox.wake_at IS NOT NULL
+  AND outbox.wake_at <= ?
