@@ -1,0 +1,406 @@
+"""``sqla-outbox relay``: a :class:`~sqla_outbox.Relay` in the foreground, configured from its
+options (or their environment variables), serving ``/metrics`` and ``/healthz`` on request.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from sqlalchemy.engine import Engine
+
+from sqla_outbox.cli.common import (
+    LOG_LEVELS,
+    NEVER,
+    RETRY_FIX,
+    CommandError,
+    DurationType,
+    database_errors,
+    engine_for,
+    env,
+    flag_error,
+    lease_option,
+    logging_to_stderr,
+    require_url,
+    url_option,
+)
+from sqla_outbox.errors import ConfigurationError, PublisherError
+from sqla_outbox.logs import LOG_FORMATS, log_event
+from sqla_outbox.metrics import PROMETHEUS_MISSING, prometheus_available
+from sqla_outbox.publishers import PublisherLike
+from sqla_outbox.publishers.loader import resolve_publisher
+from sqla_outbox.publishers.schemes import BROKERS
+from sqla_outbox.relay import Relay
+from sqla_outbox.retries import DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX
+
+__all__ = ["relay"]
+
+log = logging.getLogger("sqla_outbox.cli")
+
+
+def _publisher_help() -> str:
+    # The broker lines come from BROKERS, so a new broker is listed by itself. ``\b`` stops click
+    # from rewrapping a paragraph; its lines are kept short enough for an 80-column terminal.
+    schemes: dict[str, list[str]] = {}
+    for scheme, broker in BROKERS.items():
+        schemes.setdefault(broker.extra, []).append(scheme)
+    forms = {
+        extra: "celery:module:app" if extra == "celery" else ", ".join(f"{s}://" for s in names)
+        for extra, names in schemes.items()
+    }
+    width = max(len(form) for form in [*forms.values(), "module:attribute"])
+    return "\n".join(
+        [
+            "Where messages go, one of:",
+            "",
+            "\b",
+            f"{'stdout':<{width}}  one JSON line per message",
+            f"{'module:attribute':<{width}}  a publisher object, class",
+            f"{'':<{width}}  or function of yours",
+            *(f"{form:<{width}}  broker [{extra}]" for extra, form in forms.items()),
+            "",
+            "\b",
+            "A broker needs its [extra] installed, e.g.",
+            'pip install "sqla-outbox[redis]" for redis://.',
+            "",
+            "Each broker's URL options: docs/brokers/.",
+        ]
+    )
+
+
+class _AttemptsType(click.ParamType[int | None, Any]):
+    """A whole number, or ``never`` (``None``: retry for ever); the Relay checks the range."""
+
+    name = "attempts"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.lower() == NEVER:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither a whole number nor {NEVER!r}.", param, ctx)
+
+
+@click.command()
+@url_option
+@click.option(
+    "--publisher",
+    envvar=env("PUBLISHER"),
+    show_envvar=True,
+    metavar="SPEC",
+    help=_publisher_help(),
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=100,
+    show_default=True,
+    envvar=env("BATCH_SIZE"),
+    show_envvar=True,
+    metavar="N",
+    help="Rows claimed per pass.",
+)
+@click.option(
+    "--poll-interval",
+    type=float,
+    default=0.2,
+    show_default=True,
+    envvar=env("POLL_INTERVAL"),
+    show_envvar=True,
+    metavar="SECONDS",
+    help="Pause between passes when nothing is due.",
+)
+@lease_option
+@click.option(
+    "--relay-id",
+    envvar=env("RELAY_ID"),
+    show_envvar=True,
+    metavar="ID",
+    show_default="relay-<uuid4>",
+    help="Readable id shown in claims, logs and `status`.",
+)
+@click.option(
+    "--poll-only",
+    is_flag=True,
+    envvar=env("POLL_ONLY"),
+    show_envvar=True,
+    help="Do not LISTEN for commit notifications (PostgreSQL); poll every --poll-interval. "
+    "Needed behind PgBouncer in transaction pooling mode.",
+)
+@click.option(
+    "--order",
+    default="key",
+    show_default=True,
+    envvar=env("ORDER"),
+    show_envvar=True,
+    metavar="key|strict",
+    help="key: a message waits only for the earlier messages of its transaction and its "
+    "ordering key, everything else flows past a failure. strict: nothing is published after a "
+    "failed message until it is.",
+)
+@click.option(
+    "--overlap/--no-overlap",
+    default=None,
+    envvar=env("OVERLAP"),
+    show_envvar=True,
+    help="Claim the next rows while a pass publishes. Default: on for the bundled brokers "
+    "where it was measured to pay (docs/performance.md), off otherwise.",
+)
+@click.option(
+    "--max-publish-attempts",
+    type=_AttemptsType(),
+    default=DEFAULT_MAX_PUBLISH_ATTEMPTS,
+    show_default=True,
+    envvar=env("MAX_PUBLISH_ATTEMPTS"),
+    show_envvar=True,
+    metavar=f"N|{NEVER}",
+    help=f"Failed publishes after which a message becomes a dead letter (see `sqla-outbox dead "
+    f"--help`); '{NEVER}' retries it for ever.",
+)
+@click.option(
+    "--retry-base",
+    type=float,
+    default=DEFAULT_RETRY_BASE,
+    show_default=True,
+    envvar=env("RETRY_BASE"),
+    show_envvar=True,
+    metavar="SECONDS",
+    help="After its n-th failed publish a message waits min(retry-base * 2^(n-1), retry-max) "
+    "before it is tried again.",
+)
+@click.option(
+    "--retry-max",
+    type=float,
+    default=DEFAULT_RETRY_MAX,
+    show_default=True,
+    envvar=env("RETRY_MAX"),
+    show_envvar=True,
+    metavar="SECONDS",
+    help="The longest wait between two tries of a message.",
+)
+@click.option(
+    "--retain-published",
+    type=DurationType(),
+    envvar=env("RETAIN_PUBLISHED"),
+    show_envvar=True,
+    metavar="DURATION",
+    help="While idle, delete rows published longer ago than this (90s, 15m, 12h, 7d, 2w), a "
+    "bounded round at most once a minute. Default: keep them (see `sqla-outbox purge`). Not "
+    "with --once, which never idles.",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Publish everything due, then exit instead of running on: 1 if a publish failed (that "
+    "message is retried after its backoff by the next run), else 0.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    envvar=env("LOG_LEVEL"),
+    show_envvar=True,
+    help="Structured log lines go to stderr from this level up; debug adds one line per pass.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+    default=LOG_FORMATS[0],
+    show_default=True,
+    envvar=env("LOG_FORMAT"),
+    show_envvar=True,
+    help="logfmt: time=... level=... event=... key=value. json: one JSON object per line, "
+    "each field a key.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    envvar=env("METRICS_PORT"),
+    show_envvar=True,
+    metavar="PORT",
+    help="Serve /metrics (Prometheus) and /healthz (200 while the relay reaches the database, "
+    'else 503) on this port. Needs pip install "sqla-outbox[prometheus]".',
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",
+    show_default=True,
+    envvar=env("METRICS_HOST"),
+    show_envvar=True,
+    metavar="HOST",
+    help="Address --metrics-port binds: every interface by default, so Prometheus and "
+    "Kubernetes probes from outside the container reach it; 127.0.0.1 keeps it local.",
+)
+@click.pass_context
+def relay(
+    ctx: click.Context,
+    *,
+    url: str | None,
+    publisher: str | None,
+    batch_size: int,
+    poll_interval: float,
+    claim_lease: float,
+    relay_id: str | None,
+    poll_only: bool,
+    order: str,
+    overlap: bool | None,
+    max_publish_attempts: int | None,
+    retry_base: float,
+    retry_max: float,
+    retain_published: dt.timedelta | None,
+    once: bool,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> int:
+    """Publish committed outbox rows, in order, at least once.
+
+    Runs until SIGINT or SIGTERM, which let the pass in flight finish and write its marks before
+    the exit (status 0). With --once it publishes what is due and exits.
+
+    With --metrics-port, /healthz answers 200 while the relay has reached the database within
+    claim-lease + max(poll-interval, 10) seconds, and 503 (with the reason) otherwise, including
+    under --once (a drain, not a loop: scrape /metrics then, not /healthz).
+    """
+    database_url = require_url(ctx, url)
+    if metrics_port is not None and not prometheus_available():
+        raise click.UsageError(f"--metrics-port: {PROMETHEUS_MISSING}", ctx)
+    if not publisher:
+        raise click.UsageError(
+            f"Missing option '--publisher'. Pass --publisher stdout (or module:attribute, or a "
+            f"broker URL: see --help), or set {env('PUBLISHER')}.",
+            ctx,
+        )
+    # ``python -m`` puts the working directory on sys.path; a console script does not. Add it,
+    # as application servers do, so --publisher myapp.publishers:publish works from the project.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target = resolve_publisher(publisher)
+    except PublisherError as error:
+        raise click.UsageError(str(error), ctx) from error
+    engine = engine_for(ctx, database_url)
+    with logging_to_stderr(log_level, log_format):
+        outbox_relay = _build_relay(
+            ctx,
+            engine,
+            target,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            claim_lease=claim_lease,
+            relay_id=relay_id,
+            poll_only=poll_only,
+            order=order,
+            overlap=overlap,
+            max_publish_attempts=max_publish_attempts,
+            retry_base=retry_base,
+            retry_max=retry_max,
+            retain_published=retain_published,
+        )
+        try:
+            with database_errors(database_url):
+                outbox_relay.check()
+            with (
+                _serving(outbox_relay, metrics_host, metrics_port),
+                database_errors(database_url, "while relaying", RETRY_FIX),
+            ):
+                result = outbox_relay.run(once=once)
+            if once:
+                log_event(
+                    log,
+                    logging.WARNING if result.failed else logging.INFO,
+                    "relay.once_done",
+                    relay=outbox_relay.relay_id,
+                    claimed=result.claimed,
+                    published=result.published,
+                    failed=result.failed,
+                )
+            return 1 if result.failed else 0
+        finally:
+            outbox_relay.close()
+            engine.dispose()
+
+
+def _build_relay(
+    ctx: click.Context,
+    engine: Engine,
+    publisher: PublisherLike,
+    *,
+    batch_size: int,
+    poll_interval: float,
+    claim_lease: float,
+    relay_id: str | None,
+    poll_only: bool,
+    order: str,
+    max_publish_attempts: int | None,
+    retry_base: float,
+    retry_max: float,
+    retain_published: dt.timedelta | None = None,
+    overlap: bool | None = None,
+) -> Relay:
+    # The constructor is the one place these values are validated; the CLI only renames the
+    # argument in its message to the flag.
+    try:
+        return Relay(
+            engine,
+            publisher,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            claim_lease=claim_lease,
+            relay_id=relay_id,
+            poll_only=poll_only,
+            order=order,
+            max_publish_attempts=max_publish_attempts,
+            retry_base=retry_base,
+            retry_max=retry_max,
+            retain_published=retain_published,
+            overlap=overlap,
+        )
+    except ConfigurationError as error:
+        raise flag_error(ctx, error) from error
+
+
+@contextmanager
+def _serving(outbox_relay: Relay, host: str, port: int | None) -> Iterator[None]:
+    """Serve /metrics and /healthz on ``host:port`` while the block runs (nothing without a
+    port); a port that cannot be bound ends the command before the relay starts."""
+    if port is None:
+        yield
+        return
+    from sqla_outbox.serving import Endpoint  # noqa: PLC0415 - only --metrics-port needs it
+
+    endpoint = Endpoint(outbox_relay, host=host, port=port)
+    try:
+        endpoint.start()
+    except OSError as error:
+        raise CommandError(
+            f"Cannot serve /metrics and /healthz on {host}:{port}: {error.strerror or error}. "
+            f"Pass another --metrics-port (or {env('METRICS_PORT')}), or stop what listens there."
+        ) from error
+    bound_host, bound_port = endpoint.address
+    log_event(
+        log,
+        logging.INFO,
+        "relay.serving",
+        relay=outbox_relay.relay_id,
+        metrics=f"http://{bound_host}:{bound_port}/metrics",
+        healthz=f"http://{bound_host}:{bound_port}/healthz",
+    )
+    try:
+        yield
+    finally:
+        endpoint.stop()
