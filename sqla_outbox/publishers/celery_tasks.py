@@ -80,7 +80,6 @@ close it without breaking other code of the process that sends tasks through the
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 import sys
 import threading
@@ -88,20 +87,26 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import parse_qsl
 
 from sqla_outbox.errors import (
     ArgumentTypeError,
     BrokerUnavailableError,
-    ConfigurationError,
     PublisherError,
     PublishError,
 )
 from sqla_outbox.message import OutboxMessage, wire_fields
+from sqla_outbox.publishers.celery_settings import (
+    DEFAULT_RETRY_POLICY,
+    EXAMPLE_URL,
+    flag,
+    number,
+    resolve_queue_map,
+    resolve_retry_policy,
+    url_options,
+)
 from sqla_outbox.publishers.loader import import_module, resolve_attribute
 from sqla_outbox.publishers.outages import causes, redis_unavailable
-from sqla_outbox.publishers.urls import checked_options, hide_password, require_client
-from sqla_outbox.validation import DEFAULT_QUEUE
+from sqla_outbox.publishers.urls import hide_password, require_client
 
 try:
     # Celery and py-amqp (which kombu, Celery's transport layer, depends on) ship no type
@@ -129,15 +134,6 @@ __all__ = [
     "task_headers",
 ]
 
-DEFAULT_RETRY_POLICY: Mapping[str, float] = MappingProxyType(
-    {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.2, "interval_max": 1.0}
-)
-"""Kombu's retry policy for one publish: Celery's stock values, but never the app's own.
-
-An app may set ``task_publish_retry_policy`` to retry for ever, which would hold the relay (and
-every row behind the one it is sending) while the broker is down; the relay retries anyway.
-"""
-
 DEFAULT_CONFIRM_TIMEOUT = 10.0
 """Seconds to wait for an AMQP publisher confirm before the attempt counts as failed."""
 
@@ -151,25 +147,8 @@ hangs would stall the relay for good.
 PIPELINE_SIZE = 100
 """Messages per Redis pipeline: the unit that is confirmed, or published again, as a whole."""
 
-_EXAMPLE_URL = "celery:myapp.worker:app"
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _TARGET = re.compile(rf"^(?P<module>{_DOTTED})(?::(?P<attribute>{_DOTTED}))?$")
-
-# name -> (whole number?, zero allowed?, example). Checked the same way for the constructor and
-# the URL; only the wording of the error differs.
-_NUMBERS: dict[str, tuple[bool, bool, str]] = {
-    "max_retries": (True, True, "3"),
-    "interval_start": (False, True, "0"),
-    "interval_step": (False, True, "0.2"),
-    "interval_max": (False, True, "1"),
-    "confirm_timeout": (False, False, "10"),
-    "socket_timeout": (False, False, "10"),
-}
-_FLAGS = ("confirm", "pipeline")
-_URL_OPTIONS = (*_NUMBERS, *_FLAGS)
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
 
 # AMQP methods of class 10 are connection.*; (0, 0) is what a broker closing the connection
 # outright (a refused login) reports. Any other class is a channel's: about one publish.
@@ -182,79 +161,6 @@ class CeleryUnavailableError(BrokerUnavailableError):
     Raised with the kombu, py-amqp or redis-py error as its cause; see the module docs for which
     are outages. ``published`` is how many messages of the batch the broker confirmed first.
     """
-
-
-def _number_rule(name: str) -> str:
-    integer, zero_ok, _ = _NUMBERS[name]
-    if integer:
-        return "a whole number of 0 or more"
-    return f"a finite number of seconds {'of 0 or more' if zero_ok else 'above 0'}"
-
-
-def _number_ok(name: str, value: object) -> bool:
-    integer, zero_ok, _ = _NUMBERS[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if integer and not isinstance(value, int):
-        return False
-    if not math.isfinite(value):
-        return False
-    return value >= 0 if zero_ok else value > 0
-
-
-def _number(name: str, value: object) -> float:
-    if not _number_ok(name, value):
-        example = _NUMBERS[name][2]
-        raise ConfigurationError(
-            f"{name} must be {_number_rule(name)}, got {value!r}. Pass e.g. {name}={example}."
-        )
-    return value  # type: ignore[return-value]  # checked just above
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}.")
-    return value
-
-
-def _resolve_retry_policy(policy: Mapping[str, object] | None) -> dict[str, float]:
-    if policy is None:
-        return dict(DEFAULT_RETRY_POLICY)
-    if not isinstance(policy, Mapping):
-        raise ArgumentTypeError(
-            f"retry_policy must be a mapping like {dict(DEFAULT_RETRY_POLICY)!r}, got {policy!r}."
-        )
-    unknown = sorted(set(policy) - set(DEFAULT_RETRY_POLICY))
-    if unknown:
-        raise ConfigurationError(
-            f"retry_policy has unknown keys {unknown!r}; use only "
-            f"{', '.join(DEFAULT_RETRY_POLICY)} (kombu's names)."
-        )
-    merged = {**DEFAULT_RETRY_POLICY, **policy}
-    return {key: _number(key, value) for key, value in merged.items()}
-
-
-def _resolve_queue_map(queue_map: Mapping[str, str | None] | None) -> dict[str, str | None]:
-    resolved: dict[str, str | None] = {DEFAULT_QUEUE: None}
-    if queue_map is None:
-        return resolved
-    if not isinstance(queue_map, Mapping):
-        raise ArgumentTypeError(
-            f"queue_map must map outbox queue names to Celery queue names (or None for Celery's "
-            f"routing), got {queue_map!r}. Pass e.g. queue_map={{'emails': 'mail'}}."
-        )
-    for key, value in queue_map.items():
-        if (
-            not isinstance(key, str)
-            or not key
-            or not (value is None or (isinstance(value, str) and value))
-        ):
-            raise ArgumentTypeError(
-                f"queue_map must map non-empty queue names to non-empty queue names or None, "
-                f"got the entry {key!r}: {value!r}. Pass e.g. queue_map={{'emails': 'mail'}}."
-            )
-        resolved[key] = value
-    return resolved
 
 
 def task_arguments(input: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -418,14 +324,14 @@ class CeleryPublisher:
                 "workers use, e.g. CeleryPublisher(app) with app = Celery('myapp', broker=...)."
             )
         self.app = app
-        self.queue_map = _resolve_queue_map(queue_map)
-        self.retry_policy = _resolve_retry_policy(retry_policy)
-        self.confirm = _flag("confirm", confirm)
-        self.confirm_timeout = _number("confirm_timeout", confirm_timeout)
+        self.queue_map = resolve_queue_map(queue_map)
+        self.retry_policy = resolve_retry_policy(retry_policy)
+        self.confirm = flag("confirm", confirm)
+        self.confirm_timeout = number("confirm_timeout", confirm_timeout)
         self.socket_timeout = (
-            None if socket_timeout is None else _number("socket_timeout", socket_timeout)
+            None if socket_timeout is None else number("socket_timeout", socket_timeout)
         )
-        self.pipeline = _flag("pipeline", pipeline)
+        self.pipeline = flag("pipeline", pipeline)
         # One pass at a time per publisher: a kombu connection is not thread-safe, and two
         # relays may share a publisher.
         self._lock = threading.Lock()
@@ -610,50 +516,6 @@ class CeleryPublisher:
 # -- from_url -------------------------------------------------------------------------------
 
 
-def _url_number(url: str, name: str, text: str) -> float:
-    integer = _NUMBERS[name][0]
-    value: float | None
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        value = None
-    if value is None or not _number_ok(name, value):
-        raise PublisherError(
-            f"Option {name}={text!r} in publisher URL {url!r} must be {_number_rule(name)}; "
-            f"write e.g. ?{name}={_NUMBERS[name][2]}."
-        )
-    return value
-
-
-def _url_flag(url: str, name: str, text: str) -> bool:
-    lowered = text.lower()
-    if lowered not in _TRUE + _FALSE:
-        raise PublisherError(
-            f"Option {name}={text!r} in publisher URL {url!r} must be true or false; "
-            f"write e.g. ?{name}=true."
-        )
-    return lowered in _TRUE
-
-
-def _url_options(url: str, query: str) -> dict[str, Any]:
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as error:
-        raise PublisherError(
-            f"The options of publisher URL {url!r} are not a query string ({error}); write "
-            f"them as ?name=value&name=value, e.g. {_EXAMPLE_URL}?max_retries=3."
-        ) from error
-    parsed: dict[str, Any] = {}
-    for name, text in checked_options(pairs, label="Publisher URL", shown=url, known=_URL_OPTIONS):
-        parsed[name] = (
-            _url_flag(url, name, text) if name in _FLAGS else _url_number(url, name, text)
-        )
-    retry_policy = {key: parsed.pop(key) for key in list(parsed) if key in DEFAULT_RETRY_POLICY}
-    if retry_policy:
-        parsed["retry_policy"] = retry_policy
-    return parsed
-
-
 def _load_app(url: str, module_name: str, attribute: str | None) -> Any:
     source = f"publisher {url!r}"
     module = import_module(module_name, source)
@@ -689,21 +551,21 @@ def from_url(url: str) -> CeleryPublisher:
     if scheme.lower() != "celery" or not colon:
         raise PublisherError(
             f"Publisher {url!r} is not a Celery URL; write celery:<module>:<attribute>, "
-            f"e.g. {_EXAMPLE_URL}."
+            f"e.g. {EXAMPLE_URL}."
         )
     target, _question, query = rest.partition("?")
     match = _TARGET.match(target)
     if match is None:
         raise PublisherError(
             f"Publisher {url!r} does not name a Celery app as <module>:<attribute> with dotted "
-            f"Python names; write e.g. {_EXAMPLE_URL} (no // after celery:)."
+            f"Python names; write e.g. {EXAMPLE_URL} (no // after celery:)."
         )
-    options = _url_options(url, query)
+    options = url_options(url, query)
     require_client(Celery is not None, f"Publisher {url!r}", "celery")
     app = _load_app(url, match["module"], match["attribute"])
     if not isinstance(app, Celery):
         raise PublisherError(
             f"Publisher {url!r} names {app!r}, which is not a celery.Celery app; point it at "
-            f"the app your workers use, e.g. {_EXAMPLE_URL}."
+            f"the app your workers use, e.g. {EXAMPLE_URL}."
         )
     return CeleryPublisher(app, **options)

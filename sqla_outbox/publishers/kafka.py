@@ -86,18 +86,28 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, cast
-from urllib.parse import SplitResult, unquote
 
 from sqla_outbox.errors import BrokerUnavailableError, PublisherError, PublishError
 from sqla_outbox.logs import log_event
 from sqla_outbox.message import OutboxMessage, compact_json, wire_fields
+from sqla_outbox.publishers import kafka_url
+from sqla_outbox.publishers.kafka_errors import (
+    BATCH_REFUSALS,
+    broker_fix,
+    clean_text,
+    describe,
+    error_name,
+    kafka_error_of,
+    kafka_unavailable,
+)
+from sqla_outbox.publishers.kafka_url import (
+    DEFAULT_DELIVERY_TIMEOUT,
+    DEFAULT_PORT,
+    QUEUE_PLACEHOLDER,
+)
 from sqla_outbox.publishers.urls import (
-    parse_seconds,
     positive_seconds,
-    query_options,
     require_client,
-    split_publisher_url,
-    unknown_option,
 )
 
 try:
@@ -121,44 +131,10 @@ __all__ = [
 
 log = logging.getLogger("sqla_outbox.publishers.kafka")
 
-DEFAULT_DELIVERY_TIMEOUT = 10.0
-"""Seconds a message has to be confirmed before its publish fails (``delivery_timeout``).
-
-librdkafka's own default (``message.timeout.ms``) is 300 s, which would hold a relay's pass,
-and its ``stop()``, for five minutes whenever the cluster is unreachable.
-"""
-
-DEFAULT_PORT = 9092
-"""The port of a broker address given without one."""
-
-QUEUE_PLACEHOLDER = "{queue}"
-
 FIXED_SETTINGS: Mapping[str, object] = {"enable.idempotence": True, "acks": "all"}
 """The producer settings that make a delivery report mean "stored, once, in order"; a
 ``config`` that contradicts them is refused."""
 
-_LABEL = "Kafka publisher URL"
-_EXAMPLE = "kafka://host:9092?topic={queue}"
-_SCHEMES = ("kafka",)
-_OPTIONS = (
-    "topic",
-    "delivery_timeout",
-    "linger_ms",
-    "compression",
-    "message_max_bytes",
-    "auto_create_topics",
-    "client_id",
-    "security_protocol",
-    "sasl_mechanism",
-    "ssl_ca_location",
-    "ssl_certificate_location",
-    "ssl_key_location",
-)
-_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
-_PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
-_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-_TLS_OPTIONS = ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location")
-_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # Settings that belong to the publisher itself: they are how it learns of deliveries and errors,
 # or they have a parameter of their own (delivery_timeout).
 _RESERVED = frozenset(
@@ -171,69 +147,8 @@ _RESERVED = frozenset(
         "logger",
     }
 )
-_LINGER_MS_MAX = 900_000  # librdkafka's bound on linger.ms
-_MESSAGE_MAX_BYTES = (1000, 1_000_000_000)  # librdkafka's bounds on message.max.bytes
 _REPORT_GRACE = 5.0  # seconds past delivery_timeout before a missing report counts as lost
 _QUEUE_FULL_POLL = 0.05  # seconds to serve delivery reports while the client's queue is full
-_TEXT_LIMIT = 300  # characters of a client error quoted in a message
-
-# Delivery and produce errors that say "nothing could be written now, whatever the message".
-# librdkafka's local errors start with an underscore. Anything the client marks retriable, or
-# fatal, is an outage too (see kafka_unavailable).
-_OUTAGE_ERRORS = frozenset(
-    {
-        "_MSG_TIMED_OUT",
-        "_TIMED_OUT",
-        "_TIMED_OUT_QUEUE",
-        "_TRANSPORT",
-        "_ALL_BROKERS_DOWN",
-        "_RESOLVE",
-        "_AUTHENTICATION",
-        "_SSL",
-        "_FATAL",
-        "_FENCED",
-        "_DESTROY",
-        "_PURGE_QUEUE",
-        "_PURGE_INFLIGHT",
-        "_NODE_UPDATE",
-        "_WAIT_COORD",
-        "BROKER_NOT_AVAILABLE",
-        "LEADER_NOT_AVAILABLE",
-        "NOT_LEADER_FOR_PARTITION",
-        "NOT_LEADER_OR_FOLLOWER",
-        "REQUEST_TIMED_OUT",
-        "NETWORK_EXCEPTION",
-        "NOT_ENOUGH_REPLICAS",
-        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-        "KAFKA_STORAGE_ERROR",
-        "THROTTLING_QUOTA_EXCEEDED",
-        "PRODUCER_FENCED",
-        "INVALID_PRODUCER_EPOCH",
-        "INVALID_PRODUCER_ID_MAPPING",
-        "UNKNOWN_PRODUCER_ID",
-        "OUT_OF_ORDER_SEQUENCE_NUMBER",
-        "CLUSTER_AUTHORIZATION_FAILED",
-        "SASL_AUTHENTICATION_FAILED",
-        "ILLEGAL_SASL_STATE",
-        "UNSUPPORTED_SASL_MECHANISM",
-        "UNSUPPORTED_VERSION",
-    }
-)
-# Refusals a broker gives a whole produce batch for one bad record in it (Kafka can name the
-# record, KIP-467, and librdkafka then fails its batch-mates with _INVALID_DIFFERENT_RECORD;
-# Tansu fails every record with the same code). Who is at fault is found by sending the records
-# one at a time.
-_BATCH_REFUSALS = frozenset(
-    {
-        "INVALID_RECORD",
-        "_INVALID_DIFFERENT_RECORD",
-        "MSG_SIZE_TOO_LARGE",
-        "RECORD_LIST_TOO_LARGE",
-        "CORRUPT_MESSAGE",
-        "INVALID_TIMESTAMP",
-        "POLICY_VIOLATION",
-    }
-)
 
 
 class KafkaUnavailableError(BrokerUnavailableError):
@@ -403,7 +318,7 @@ class KafkaPublisher:
         self._discard_producer()  # see "Failure behaviour" in the module docs
         if not arrived or kafka_unavailable(error):
             raise self._unavailable(messages, topics, failed, error)
-        if _name(error) in _BATCH_REFUSALS and _shared(reports, topics, failed):
+        if error_name(error) in BATCH_REFUSALS and _shared(reports, topics, failed):
             self._isolate(messages, topics, failed, reports, produced)
             return
         raise self._broker_refused(messages, topics, failed, error)
@@ -505,26 +420,26 @@ class KafkaPublisher:
     ) -> BrokerUnavailableError | PublishError:
         """The client refused ``messages[index]`` before sending it."""
         where = self._where(messages[index], topics[index])
-        kafka_error = _kafka_error(error)
+        kafka_error = kafka_error_of(error)
         if isinstance(error, BufferError) or (
             kafka_error is not None and kafka_unavailable(kafka_error)
         ):
             self._discard_producer()
             return KafkaUnavailableError(
-                f"Kafka at {self._shown} could not take {where}: {_describe(error)}; "
+                f"Kafka at {self._shown} could not take {where}: {describe(error)}; "
                 f"{_confirmed(index)} and the relay retries on a later pass.",
                 published=index,
             )
-        if kafka_error is not None and _name(kafka_error) == "MSG_SIZE_TOO_LARGE":
+        if kafka_error is not None and error_name(kafka_error) == "MSG_SIZE_TOO_LARGE":
             fix = "raise message_max_bytes (and the topic's max.message.bytes) or shrink the input"
         elif kafka_error is not None:
-            fix = _broker_fix(kafka_error, topics[index])
+            fix = broker_fix(kafka_error, topics[index])
         elif isinstance(error, UnicodeError):
             fix = "replace the text in its fields that is not valid Unicode (a lone surrogate)"
         else:
             fix = "make its fields encodable (its input JSON-serialisable)"
         return PublishError(
-            f"The Kafka client refused {where} before sending it: {_describe(error)}; nothing "
+            f"The Kafka client refused {where} before sending it: {describe(error)}; nothing "
             f"after it was produced, {_confirmed(index)}, and the fix is to {fix}.",
             published=index,
         )
@@ -541,8 +456,8 @@ class KafkaPublisher:
         where = self._where(messages[index], topics[index])
         how = " sent on its own" if alone else ""
         return PublishError(
-            f"Kafka at {self._shown} refused {where}{how}: {_describe(error)}; "
-            f"{_confirmed(index)}, and the fix is to {_broker_fix(error, topics[index])}.",
+            f"Kafka at {self._shown} refused {where}{how}: {describe(error)}; "
+            f"{_confirmed(index)}, and the fix is to {broker_fix(error, topics[index])}.",
             published=index,
         )
 
@@ -559,10 +474,10 @@ class KafkaPublisher:
                 f"no delivery report came within {self.delivery_timeout:g} s plus "
                 f"{_REPORT_GRACE:g} s"
             )
-        elif _name(error) == "_MSG_TIMED_OUT":
+        elif error_name(error) == "_MSG_TIMED_OUT":
             reason = f"no broker confirmed it within delivery_timeout={self.delivery_timeout:g} s"
         else:
-            reason = _describe(error)
+            reason = describe(error)
         if self._last_error is not None and (error is None or self._last_error not in reason):
             reason += f" (last client error: {self._last_error})"
         return KafkaUnavailableError(
@@ -608,7 +523,7 @@ class KafkaPublisher:
             return confluent_kafka.Producer(settings)
         except (confluent_kafka.KafkaException, ValueError, TypeError) as error:
             raise PublisherError(
-                f"The Kafka producer for {self._shown} cannot be built: {_describe(error)}; "
+                f"The Kafka producer for {self._shown} cannot be built: {describe(error)}; "
                 "check the URL options and config against docs/brokers/kafka.md."
             ) from error
 
@@ -630,7 +545,7 @@ class KafkaPublisher:
             close()
 
     def _client_error(self, error: Any) -> None:
-        text = _clean(error.str())
+        text = clean_text(error.str())
         self._last_error = text
         if error.fatal():
             log_event(log, logging.ERROR, "kafka.fatal", url=self._shown, error=text)
@@ -649,25 +564,11 @@ class _ClientLog:
             log_event(log, logging.DEBUG, "kafka.client", client_level=level, line=line)
 
 
-# -- reading errors ---------------------------------------------------------------------------
-
-
-def _name(error: Any) -> str:
-    name: str = error.name()
-    return name
+# -- reading reports ----------------------------------------------------------------------------
 
 
 def _failed(reports: _Pass, index: int) -> bool:
     return not reports.arrived[index] or reports.errors[index] is not None
-
-
-def kafka_unavailable(error: Any) -> bool:
-    """Whether ``error`` (a ``confluent_kafka.KafkaError`` from a delivery report or a
-    ``produce()``, or ``None`` for a report that never came) means no message could be written
-    now: an outage. False for a refusal of the message or its topic (see the module docs)."""
-    if error is None:
-        return True
-    return bool(_name(error) in _OUTAGE_ERRORS or error.fatal() or error.retriable())
 
 
 def _confirmed(count: int) -> str:
@@ -684,39 +585,10 @@ def _shared(reports: _Pass, topics: Sequence[str], index: int) -> bool:
     return any(
         other != index
         and reports.errors[other] is not None
-        and _name(reports.errors[other]) in _BATCH_REFUSALS
+        and error_name(reports.errors[other]) in BATCH_REFUSALS
         and (topics[other], reports.partitions[other]) == where
         for other in range(len(topics))
     )
-
-
-def _kafka_error(error: BaseException) -> Any:
-    if isinstance(error, confluent_kafka.KafkaException) and error.args:
-        return error.args[0]
-    return None
-
-
-def _clean(text: str) -> str:
-    text = " ".join(text.split()).rstrip(".")
-    return text if len(text) <= _TEXT_LIMIT else text[: _TEXT_LIMIT - 3] + "..."
-
-
-def _describe(error: Any) -> str:
-    kafka_error = _kafka_error(error) if isinstance(error, BaseException) else error
-    if kafka_error is not None and hasattr(kafka_error, "name"):
-        return f"{_name(kafka_error)} ({_clean(kafka_error.str())})"
-    return f"{type(error).__name__}: {_clean(str(error))}"
-
-
-def _broker_fix(error: Any, topic: str) -> str:
-    name = _name(error)
-    if name in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"):
-        return f"create topic {topic!r} (or enable auto-creation) and the relay retries"
-    if name == "TOPIC_AUTHORIZATION_FAILED":
-        return f"grant the URL's user WRITE on topic {topic!r}"
-    if name in ("MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"):
-        return "raise the topic's max.message.bytes or make the input smaller"
-    return "make the record acceptable to the topic (its schema or policy) or discard it"
 
 
 # -- the URL ----------------------------------------------------------------------------------
@@ -758,182 +630,7 @@ def from_url(url: str) -> KafkaPublisher:
     so a misspelt ``lingr_ms`` is not silently ignored. Errors show the password as ``***``.
     """
     _require_client()
-    parts, shown = split_publisher_url(url, label=_LABEL, example=_EXAMPLE)
-    if parts.scheme.lower() not in _SCHEMES:
-        raise PublisherError(f"{_LABEL} {shown!r} has scheme {parts.scheme!r}; use {_EXAMPLE}.")
-    if parts.path not in ("", "/") or parts.fragment:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has a path or fragment, which Kafka has no use for; name the "
-            f"topic with the topic option, as in {_EXAMPLE}."
-        )
-    options = query_options(parts.query, label=_LABEL, shown=shown)
-    for name in options:
-        if name not in _OPTIONS:
-            raise unknown_option(_LABEL, shown, name, _OPTIONS)
-    servers, user, password = _split_netloc(parts, shown)
-    config = _client_options(options, shown)
-    config.update(_security(options, user, password, shown))
-    timeout = positive_seconds(
-        "delivery_timeout",
-        parse_seconds(
-            "delivery_timeout",
-            options.get("delivery_timeout"),
-            default=DEFAULT_DELIVERY_TIMEOUT,
-            label=_LABEL,
-            shown=shown,
-        ),
-        default=DEFAULT_DELIVERY_TIMEOUT,
-        label="Kafka",
-        shown=shown,
-    )
-    return KafkaPublisher(
-        servers,
-        topic=options.get("topic", QUEUE_PLACEHOLDER),
-        delivery_timeout=timeout,
-        config=config,
-        shown=shown,
-    )
-
-
-def _split_netloc(parts: SplitResult, shown: str) -> tuple[str, str | None, str | None]:
-    """The bootstrap servers (``host:port,...``, ports defaulted), user and password."""
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    user = password = None
-    if at:
-        name, colon, secret = userinfo.partition(":")
-        user = unquote(name)
-        password = unquote(secret) if colon else None
-        if not user or not password:
-            raise PublisherError(
-                f"{_LABEL} {shown!r} has credentials without both a user and a password; use "
-                "kafka://user:password@host:9092, or leave both out."
-            )
-    servers = []
-    for address in hosts.split(","):
-        host, port = _split_address(address.strip(), shown)
-        servers.append(f"{host}:{port}")
-    return ",".join(servers), user, password
-
-
-def _split_address(address: str, shown: str) -> tuple[str, int]:
-    if address.startswith("["):  # [IPv6]:port
-        host, bracket, rest = address[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            host = ""
-        host, port_text = f"[{host}]" if host else "", rest[1:] if rest else ""
-    else:
-        host, _colon, port_text = address.partition(":")
-    if not host:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has a broker address {address!r} with no host; list brokers "
-            "as host:port separated by commas, as in kafka://b1:9092,b2:9092."
-        )
-    if not port_text:
-        return host, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has a broker address {address!r} whose port is not a number "
-            "from 1 to 65535; use e.g. kafka://broker:9092."
-        )
-    return host, int(port_text)
-
-
-def _client_options(options: Mapping[str, str], shown: str) -> dict[str, object]:
-    """librdkafka settings for the options that tune the producer."""
-    config: dict[str, object] = {}
-    if "linger_ms" in options:
-        config["linger.ms"] = _whole_number(options, "linger_ms", 0, _LINGER_MS_MAX, shown)
-    if "message_max_bytes" in options:
-        low, high = _MESSAGE_MAX_BYTES
-        config["message.max.bytes"] = _whole_number(options, "message_max_bytes", low, high, shown)
-    if "compression" in options:
-        config["compression.type"] = _one_of(options, "compression", _COMPRESSIONS, shown)
-    if "auto_create_topics" in options:
-        text = options["auto_create_topics"].lower()
-        if text not in _BOOLEANS:
-            raise PublisherError(
-                f"{_LABEL} {shown!r} has auto_create_topics={options['auto_create_topics']!r}; "
-                "use true or false."
-            )
-        config["allow.auto.create.topics"] = _BOOLEANS[text]
-    if "client_id" in options:
-        if not options["client_id"]:
-            raise PublisherError(
-                f"{_LABEL} {shown!r} has an empty client_id; give one, or leave it out for "
-                "sqla-outbox."
-            )
-        config["client.id"] = options["client_id"]
-    return config
-
-
-def _security(
-    options: Mapping[str, str], user: str | None, password: str | None, shown: str
-) -> dict[str, object]:
-    """librdkafka settings for the protocol, the SASL credentials and the TLS files."""
-    default = "sasl_ssl" if user is not None else "plaintext"
-    protocol = (
-        _one_of(options, "security_protocol", _PROTOCOLS, shown)
-        if "security_protocol" in options
-        else default
-    )
-    sasl = protocol.startswith("sasl_")
-    if user is not None and not sasl:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has a user and password but security_protocol={protocol}, "
-            "which would not send them; use sasl_ssl (or sasl_plaintext), or drop the "
-            "credentials."
-        )
-    if sasl and user is None:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has security_protocol={protocol} but no credentials; put them "
-            "in the URL as kafka://user:password@host:9092."
-        )
-    if "sasl_mechanism" in options and not sasl:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} sets sasl_mechanism without SASL; add user:password@ to the "
-            "URL, or drop the option."
-        )
-    tls = protocol in ("ssl", "sasl_ssl")
-    for name in _TLS_OPTIONS:
-        if name in options and not tls:
-            raise PublisherError(
-                f"{_LABEL} {shown!r} sets {name}, a TLS option, with security_protocol="
-                f"{protocol}; use ssl or sasl_ssl for TLS, or drop the option."
-            )
-    config: dict[str, object] = {"security.protocol": protocol}
-    if sasl:
-        mechanism = options.get("sasl_mechanism", "PLAIN").upper()
-        if mechanism not in _MECHANISMS:
-            raise PublisherError(
-                f"{_LABEL} {shown!r} has sasl_mechanism={options['sasl_mechanism']!r}; use one "
-                f"of {', '.join(_MECHANISMS)}."
-            )
-        config.update({"sasl.mechanism": mechanism, "sasl.username": user})
-        config["sasl.password"] = password
-    for name in _TLS_OPTIONS:
-        if name in options:
-            config[name.replace("_", ".")] = options[name]
-    return config
-
-
-def _whole_number(options: Mapping[str, str], name: str, low: int, high: int, shown: str) -> int:
-    text = options[name]
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has {name}={text!r}; use a whole number from {low} to {high}, "
-            "or leave it out."
-        )
-    return int(text)
-
-
-def _one_of(options: Mapping[str, str], name: str, allowed: Sequence[str], shown: str) -> str:
-    text = options[name]
-    folded = text.upper() if allowed is _MECHANISMS else text.lower()
-    if folded not in allowed:
-        raise PublisherError(
-            f"{_LABEL} {shown!r} has {name}={text!r}; use one of {', '.join(allowed)}."
-        )
-    return folded
+    return KafkaPublisher(**kafka_url.publisher_arguments(url))
 
 
 def _check_topic(topic: object) -> str:
