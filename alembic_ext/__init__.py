@@ -34,15 +34,16 @@ released first: migrations written before versions existed keep creating the tab
 When a new sqla-outbox needs a newer table, it ships the step, and you add a migration::
 
     def upgrade():
-        op.upgrade_outbox_table(3, 4)
+        op.upgrade_outbox_table(4, 5)
 
     def downgrade():
-        op.upgrade_outbox_table(4, 3)
+        op.upgrade_outbox_table(5, 4)
 
 Up, it adds the new version's columns (nullable, or with a default that fills existing rows),
 creates its indexes and records the version in the table comment; down, it first makes the rows
 mean the same to the older version where the step needs that (down from version 4, the rows
-parked until they are due are unparked), then drops them again. A move over several versions
+parked until they are due are unparked; both ways between 4 and 5, the rows parked behind another
+row), then drops them again. A move over several versions
 (``op.upgrade_outbox_table(1, 4)``) makes each step in turn. Every row is kept either way (going
 down loses only what the dropped columns held). Until the migration has run, a relay refuses to
 start with :class:`sqla_outbox.SchemaVersionError` naming ``op.upgrade_outbox_table``, and so do

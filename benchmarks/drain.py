@@ -35,6 +35,9 @@ Workload 3, per batch size, three arms:
   total order (:data:`STRICT`). Its claim also looks for the first failed row of the whole
   backlog; the row says what that costs when nothing has failed (it once cost two thirds of
   the drain, when that search could not use ``ix_outbox_failing`` on a generic plan).
+* **ours, planned claim only** (informative, smallest and largest batch sizes): the same relay
+  with PostgreSQL's one-statement claim turned off (:class:`benchmarks.variants.PlannedOnly`),
+  every claim the protocol every store runs: what the one-statement claim buys.
 * **ours, with rows held behind dead letters** (smallest batch size only, target ratio >= 0.9
   against ``ours``): the same relay with 10,000 parked rows and their 100 dead letters ahead of
   the backlog (:data:`HELD`). Dead letters wait for an operator, perhaps for days; meanwhile
@@ -73,6 +76,7 @@ from benchmarks.harness import (
     snapshot_outbox,
 )
 from benchmarks.held_rows import DEAD_LETTERS, HELD_ROWS, INSERT_HELD, PARK_HELD
+from benchmarks.variants import PlannedOnly
 from sqla_outbox import queries
 from sqla_outbox.stores import psycopg_sql
 
@@ -157,6 +161,8 @@ STRICT = "ours, order='strict'"
 """Workload 3's arm at the smallest batch size: the same relay keeping the total order."""
 
 
+PLANNED = "ours, planned claim only"
+"""The relay with PostgreSQL's one-statement claim turned off (:mod:`benchmarks.variants`)."""
 HELD = f"ours, {HELD_ROWS:,} rows held behind dead letters"
 """Workload 3's arm at the smallest batch size: the same relay with
 :data:`~benchmarks.held_rows.HELD_ROWS` rows ahead of the backlog that no claim may take
@@ -333,6 +339,8 @@ def run_drain(ctx: Context) -> list[Result]:
             "library SQL": _drain_library_sql,
             "ordered raw SQL": lambda ctx, b: _drain_raw(ctx, b, ordered=True),
         }
+        if batch_size in (min(BATCH_SIZES), max(BATCH_SIZES)):
+            drainers[PLANNED] = lambda ctx, b: _drain_relay(ctx, b, relay_type=PlannedOnly)
         if batch_size == min(BATCH_SIZES):
             drainers[STRICT] = lambda ctx, b: _drain_relay(ctx, b, order="strict")
             drainers[HELD] = _drain_relay_held
@@ -385,6 +393,17 @@ def run_drain(ctx: Context) -> list[Result]:
                     "rows/s",
                     samples,
                     STRICT,
+                    "ours",
+                )
+            )
+        if PLANNED in samples:
+            results.append(
+                compare(
+                    f"drain b={batch_size}: planned claim only vs ours (what the one-statement "
+                    "claim buys)",
+                    "rows/s",
+                    samples,
+                    PLANNED,
                     "ours",
                 )
             )

@@ -43,6 +43,11 @@ backlog and at every position of their transactions); their second attempt succe
   trip more per pass, its failing drain about the same as the bounded floor's: its ratio shows
   how much of any relay's ratio is the speed of its own clean drain.
 
+* **ours, 2% fail once, write-back in steps** (informative): the same relay with PostgreSQL's
+  one-statement write-back turned off (:class:`benchmarks.variants.WriteInSteps`): a failed
+  pass's mark, charge and releases as statements of one transaction, as the other stores write
+  them. Against ``ours, 2% fail once``: what the one-statement write-back buys.
+
 Why ``retry_base = retry_max = 0.05`` s: a failed row is not claimed again before its backoff
 ends (1 s by default, doubling). With the defaults the failing arm would mostly measure the
 configured wait of the last failures, not the work of isolating them. A 50 ms backoff makes a
@@ -87,6 +92,7 @@ from benchmarks.harness import (
     restore_outbox,
 )
 from benchmarks.raw_failures import drain_raw_failing
+from benchmarks.variants import WriteInSteps
 
 __all__ = ["FAILING", "POLL_INTERVAL", "RETRY", "run"]
 
@@ -113,6 +119,7 @@ _PER_ROUND = (
 
 FAILS = "ours, 2% fail once"
 CLEAN = "ours, no failures"
+STEPS = "ours, 2% fail once, write-back in steps"
 RAW_FAILS = "raw SQL, 2% fail once"
 RAW_CLEAN = "raw SQL, no failures"
 RIDING_FAILS = "raw SQL that parks, 2% fail once"
@@ -243,15 +250,21 @@ def _row_updates(ctx: Context) -> int:
     return last
 
 
-def _run_relay(ctx: Context, failing: frozenset[uuid.UUID], events: _Events) -> _Round:
-    """One relay on ``start()`` until every row was published once; ``stop()`` untimed."""
+def _run_relay(
+    ctx: Context,
+    failing: frozenset[uuid.UUID],
+    events: _Events,
+    relay_type: type[outbox.Relay] = outbox.Relay,
+) -> _Round:
+    """One relay (a ``relay_type``) on ``start()`` until every row was published once;
+    ``stop()`` untimed."""
     restore_outbox(ctx)
     total = ctx.scale.drain_rows
     publisher = _Publisher(total, failing)
     charged_before = events.counts.get("relay.publish_failed", 0)
     updates_before = _row_updates(ctx)
     fresh_pool(ctx.engine, connections=2)  # the claim connection and the LISTEN one
-    relay = outbox.Relay(
+    relay = relay_type(
         ctx.engine,
         publisher,
         batch_size=BATCH,
@@ -294,11 +307,16 @@ def run(ctx: Context) -> list[Result]:
         f"drain with {len(failing):,} of {total:,} messages failing once vs none "
         f"(b={BATCH}, start()/stop(), retry {RETRY} s), interleaved"
     )
-    rounds: dict[str, list[_Round]] = {FAILS: [], CLEAN: []}
+    rounds: dict[str, list[_Round]] = {FAILS: [], CLEAN: [], STEPS: []}
 
-    def arm(name: str, ids: frozenset[uuid.UUID], events: _Events) -> Callable[[], float]:
+    def arm(
+        name: str,
+        ids: frozenset[uuid.UUID],
+        events: _Events,
+        relay_type: type[outbox.Relay] = outbox.Relay,
+    ) -> Callable[[], float]:
         def run_arm() -> float:
-            done = _run_relay(ctx, ids, events)
+            done = _run_relay(ctx, ids, events, relay_type)
             rounds[name].append(done)
             return done.distinct / done.seconds
 
@@ -321,6 +339,7 @@ def run(ctx: Context) -> list[Result]:
             {
                 FAILS: arm(FAILS, failing, events),
                 CLEAN: arm(CLEAN, frozenset(), events),
+                STEPS: arm(STEPS, failing, events, WriteInSteps),
                 RAW_FAILS: raw_arm(failing),
                 RAW_CLEAN: raw_arm(frozenset()),
                 RIDING_FAILS: raw_arm(failing, "riding"),
@@ -364,6 +383,14 @@ def run(ctx: Context) -> list[Result]:
             failing_ids=len(failing),
             retry_seconds=RETRY,
             **per_round,
+        ),
+        compare(
+            "drain, 2% fail once: write-back in steps vs ours (what the one-statement "
+            "write-back buys)",
+            "rows/s",
+            samples,
+            STEPS,
+            FAILS,
         ),
         # The floor: the same failures isolated by a hand-written relay with none of the
         # library's machinery (benchmarks.raw_failures), failing against clean, and ours

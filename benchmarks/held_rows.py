@@ -57,8 +57,17 @@ FROM (
 its transaction at the same ``staged_at``, then its key's rows a millisecond apart."""
 
 
-PARK_HELD = f"UPDATE outbox SET parked = true WHERE job = '{HELD_JOB}' AND dead_at IS NULL"
-"""Park every held row but the dead letters, as a relay that has met them has."""
+PARK_HELD = f"""
+UPDATE outbox AS waiting SET parked = true, parked_behind = dead.id
+FROM outbox AS dead
+WHERE waiting.job = '{HELD_JOB}' AND waiting.dead_at IS NULL
+  AND dead.job = '{HELD_JOB}' AND dead.dead_at IS NOT NULL
+  AND (dead.staged_at = waiting.staged_at OR dead.ordering_key = waiting.ordering_key)
+"""
+"""Park every held row but the dead letters behind its block's dead letter (the first row of
+its transaction and of its key), as a relay that has met them has."""
 
-UNPARK_HELD = f"UPDATE outbox SET parked = false WHERE job = '{HELD_JOB}' AND parked"
+UNPARK_HELD = (
+    f"UPDATE outbox SET parked = false, parked_behind = NULL WHERE job = '{HELD_JOB}' AND parked"
+)
 """Unpark them again, as before any relay met them."""

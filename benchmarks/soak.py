@@ -15,8 +15,8 @@ usable from CI (it exits non-zero when one is broken). For ``--seconds``:
   retry_base=0.05, retry_max=0.5, claim_lease=2``. Their publisher refuses the first attempt of
   a fixed share (``--fail``) of the messages, chosen by a hash of the message's name.
 * With ``--kill`` (PostgreSQL only) every connection of the relays' engine, recognised by its
-  ``application_name``, is terminated every 0.3 s (``pg_terminate_backend``); the writers'
-  connections are left alone.
+  ``application_name``, is terminated every 0.3 s (``pg_terminate_backend``) while the writers
+  write; the writers' connections are left alone.
 
 Then the writers stop, and the soak waits up to ``--drain`` seconds for every committed message
 to be published, printing progress every 5 s (committed, published, pending and parked rows),
@@ -24,8 +24,9 @@ stops the relays and counts:
 
 * **lost**: committed, never published, and no longer pending in the outbox;
 * **not drained**: committed, never published, still pending when ``--drain`` ran out;
-* **duplicated**: publishes beyond the first of a message (at-least-once allows them after a
-  relay lost its connection between publishing and marking; the soak still counts them);
+* **duplicated**: publishes beyond the first of a message. At-least-once allows them when a
+  relay loses its connection between publishing a pass and marking it, so ``--kill`` runs show
+  some; the soak counts them and fails all the same, as the script it comes from did;
 * **phantom**: published messages whose transaction or savepoint was rolled back;
 * **order violations**: pairs of messages published in the reverse of their order within a
   transaction, or within an ordering key (a writer's transactions commit one after the other,
@@ -41,8 +42,9 @@ created afresh**, and dropped at the end unless ``--keep``. The relays' log goes
 PATH`` (INFO and up, ``--log-level`` to change); without it, it is discarded and only its
 warnings and errors are counted by event in the summary.
 
-Derived from a colleague's soak script (``shared/soak_keys.py``): the same shape and the same
-counts, with the failing messages chosen per message instead of per attempt.
+The shape and the counts are those of the soak script that found the hot-key stall (outside
+this repository), except that the failing messages are chosen per message, by a hash of the
+name, instead of drawn per attempt.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ class Shape:
 def write(number: int, app: sa.Engine, shape: Shape, ledger: Ledger, stop: threading.Event) -> None:
     """One writer: transactions until ``stop``, with savepoints and transactions rolled back.
 
-    The draws from ``random.Random(number)`` are those of the colleague's script, so a writer
+    The draws from ``random.Random(number)`` are those of the original script, so a writer
     stages the same transactions (how the threads interleave differs from run to run). An error
     is counted and the writer goes on: before the commit it means nothing was committed; in the
     commit, the transaction's messages are set aside as :attr:`Ledger.uncertain`.

@@ -84,8 +84,10 @@ holds back every later one.
 Bounded claims
 --------------
 A claim reads at most :data:`MOST_READ_BATCHES` batches of candidates, in windows that double
-(:func:`claim_windows`), and two index probes and one primary-key read per candidate, whatever
-the outbox holds: how many rows are parked, behind how few keys, or held by other relays. A
+(:func:`claim_windows`), with four short index probes per candidate (the head of each of its
+groups and its successor in each) and one primary-key read per predecessor outside the
+candidates, whatever the outbox holds: how many rows are parked, behind how few keys, or held
+by other relays. Parked rows are outside the claim's index, so they cost a claim nothing. A
 window whose last candidate is not taken ends inside a transaction that is held: the next
 window starts after that transaction (:func:`resume_after`), so a relay finds the work behind a
 large transaction another relay is publishing in one more read, not one window per batch of it.
