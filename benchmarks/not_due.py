@@ -65,7 +65,7 @@ Without the analysis, with the indexes in an upgrade's order, these drains read 
 after the sweep, 0.985 and 1.002 (first run of this workload, ``docs/performance.md``). So a
 sweep that moves rows in thousands analyses the table itself, and the sweep here is the
 relay's own. Which index the claim's candidates scan and its gate's transaction probe read is
-taken from a plain ``EXPLAIN`` of the relay's first claim (``claim_stmt(fast=True)``,
+taken from a plain ``EXPLAIN`` of the relay's first claim (``fast_claim_stmt()``,
 ``jit = off``) before every drain of a swept arm, into the JSON
 (``candidates_index_per_round``, ``parked_probe_index_per_round``).
 

@@ -99,9 +99,15 @@ def first_holding(row: Any, column: str, dialect: str, *, after: bool, upto: Any
     """
     t = outbox_table.alias(f"{column}_{'next' if after else 'head'}")
     same = [t.c[column] == row.c[column]]
-    if after:
+    if after and column == "staged_at":
+        # The transaction is one ``staged_at``: the index seeks straight to the row after
+        # ``row``, not to the transaction's start (a probe that filtered on ``id`` read every
+        # earlier row of a large transaction, for every candidate of it).
+        same.append(t.c.id > row.c.id)
+    elif after:
         # Spelled out rather than as a row comparison: MySQL and MariaDB seek an index on the
-        # first term and filter the second.
+        # first term and filter the second. What is filtered is the rest of ``row``'s
+        # transaction on the key, a few rows.
         same += [
             t.c.staged_at >= row.c.staged_at,
             or_(t.c.staged_at > row.c.staged_at, t.c.id > row.c.id),

@@ -23,9 +23,7 @@ SELECT outbox.id,
   (SELECT staged_at_next.id
    FROM outbox AS staged_at_next USE INDEX (ix_outbox_unpublished)
    WHERE staged_at_next.staged_at = outbox.staged_at
-     AND staged_at_next.staged_at >= outbox.staged_at
-     AND (staged_at_next.staged_at > outbox.staged_at
-          OR staged_at_next.id > outbox.id)
+     AND staged_at_next.id > outbox.id
      AND staged_at_next.published_at IS NULL
      AND staged_at_next.run_at <= %s
      AND NOT (staged_at_next.claimed_by <=> %s)

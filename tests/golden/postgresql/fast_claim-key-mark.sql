@@ -160,9 +160,7 @@ WITH marked AS
                               (SELECT staged_at_next.id
                                FROM outbox AS staged_at_next
                                WHERE staged_at_next.staged_at = probed_2.staged_at
-                                 AND staged_at_next.staged_at >= probed_2.staged_at
-                                 AND (staged_at_next.staged_at > probed_2.staged_at
-                                      OR staged_at_next.id > probed_2.id)
+                                 AND staged_at_next.id > probed_2.id
                                  AND (staged_at_next.staged_at,
                                       staged_at_next.id) <=
                                    (SELECT candidates.staged_at,
