@@ -100,9 +100,9 @@ def first_holding(row: Any, column: str, dialect: str, *, after: bool, upto: Any
     t = outbox_table.alias(f"{column}_{'next' if after else 'head'}")
     same = [t.c[column] == row.c[column]]
     if after and column == "staged_at":
-        # The transaction is one ``staged_at``: the index seeks straight to the row after
-        # ``row``, not to the transaction's start (a probe that filtered on ``id`` read every
-        # earlier row of a large transaction, for every candidate of it).
+        # The transaction is one ``staged_at``, so both terms are index bounds: the probe
+        # starts at the row after ``row`` and reads no earlier row of the transaction, however
+        # large it is.
         same.append(t.c.id > row.c.id)
     elif after:
         # Spelled out rather than as a row comparison: MySQL and MariaDB seek an index on the
