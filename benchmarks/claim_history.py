@@ -51,7 +51,7 @@ from sqla_outbox.retries import (
     DEFAULT_RETRY_MAX,
     resolve_retry_policy,
 )
-from sqla_outbox.stores import PostgresStore, open_store, psycopg_sql
+from sqla_outbox.stores import open_store, psycopg_sql
 
 __all__ = [
     "BATCH",
@@ -128,8 +128,7 @@ class LibraryClaim:
 
     def afresh(self) -> None:
         """Forget what the last claims found, as a relay that just started."""
-        if isinstance(self.store, PostgresStore):
-            self.store._crowded = False
+        self.store.start_over()
 
     def sql(self) -> tuple[str, dict[str, Any]]:
         """A claim's first window read and its parameters (for ``EXPLAIN``)."""

@@ -79,6 +79,7 @@ from benchmarks.held_rows import DEAD_LETTERS, HELD_ROWS, INSERT_HELD, PARK_HELD
 from benchmarks.variants import PlannedOnly
 from sqla_outbox import queries
 from sqla_outbox.stores import psycopg_sql
+from sqla_outbox.stores.postgresql import FRONT
 
 __all__ = [
     "BATCH_SIZES",
@@ -174,7 +175,7 @@ thirteenth issue-11 session: 40% of the drain with 10,000 parked."""
 
 def _drain_relay_held(ctx: Context, batch_size: int) -> tuple[int, float]:
     """:func:`_drain_relay` with the held rows added (untimed) to the restored snapshot."""
-    ctx.sql(INSERT_HELD, PARK_HELD, "VACUUM ANALYZE outbox", "CHECKPOINT")
+    ctx.sql(INSERT_HELD, "ANALYZE outbox", *PARK_HELD, "VACUUM ANALYZE outbox", "CHECKPOINT")
     return _drain_relay(ctx, batch_size)
 
 
@@ -261,10 +262,10 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
     """The relay's exact statements from a bare psycopg loop: the library's SQL, minus Python.
 
     As ``Relay.drain()`` sends them: a claim, then each pass's mark inside the next claim (the
-    ``marked`` and ``unparked`` counts first, then ``crowded``, then the message columns),
-    until a claim comes back empty. Nothing is held back here, so the relay sends only its
-    one-statement claims; a claim that found the outbox crowded would make this arm measure
-    something else, and stops it.
+    ``marked`` and ``unparked`` counts first, then ``crowded`` and ``skip_to``, then the message
+    columns), from the front, until a claim comes back empty. Nothing is held back here, so
+    the relay sends only its one-statement claims; a claim that found the outbox crowded would
+    make this arm measure something else, and stops it.
     The connection runs ``SET jit = off`` first (untimed), as the relay's held connection does,
     and sends the numbered SQL through the relay's own ``RawCursor``, which also reads ``jsonb``
     as the relay does (``psycopg_sql.relay_cursor``).
@@ -282,12 +283,20 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
             token = f"lib:{secrets.token_hex(8)}"
             statement = merged if previous else claim
             params = statement.params(
-                {"done": token, **previous, "limit": batch_size, "lease": lease, "token": token}
+                {
+                    "done": token,
+                    **previous,
+                    "limit": batch_size,
+                    "lease": lease,
+                    "token": token,
+                    "after_staged_at": FRONT[0],
+                    "after_id": FRONT[1],
+                }
             )
-            header = 3 if previous else 1
+            header = 4 if previous else 2
             sql = statement.text(params, numbered=True)  # as the relay sends it
             rows = cursor.execute(sql.encode(), statement.values(params)).fetchall()
-            if rows[0][header - 1]:
+            if rows[0][header - 2]:
                 raise RuntimeError("the library-SQL arm found the outbox crowded")
             rows = [row[header:] for row in rows] if rows[0][header] is not None else []
             for row in rows:

@@ -57,15 +57,23 @@ FROM (
 its transaction at the same ``staged_at``, then its key's rows a millisecond apart."""
 
 
-PARK_HELD = f"""
+_PARK_BEHIND_DEAD = f"""
 UPDATE outbox AS waiting SET parked = true, parked_behind = dead.id
 FROM outbox AS dead
 WHERE waiting.job = '{HELD_JOB}' AND waiting.dead_at IS NULL
   AND dead.job = '{HELD_JOB}' AND dead.dead_at IS NOT NULL
-  AND (dead.staged_at = waiting.staged_at OR dead.ordering_key = waiting.ordering_key)
+  AND {{same_block}}
 """
-"""Park every held row but the dead letters behind its block's dead letter (the first row of
-its transaction and of its key), as a relay that has met them has."""
+PARK_HELD = (
+    _PARK_BEHIND_DEAD.format(same_block="dead.ordering_key = waiting.ordering_key"),
+    _PARK_BEHIND_DEAD.format(
+        same_block="waiting.ordering_key IS NULL AND dead.staged_at = waiting.staged_at"
+    ),
+)
+"""Park every held row but the dead letters behind its block's dead letter, as a relay that has
+met them has: the rows of its key (each block's key is its own), then the rest of its
+transaction. Two equality joins, each a hash join once the table is analysed (one join on
+either condition, or one planned without statistics, compares every pair of rows)."""
 
 UNPARK_HELD = (
     f"UPDATE outbox SET parked = false, parked_behind = NULL WHERE job = '{HELD_JOB}' AND parked"

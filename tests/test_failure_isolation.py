@@ -731,17 +731,17 @@ def test_a_relay_alone_on_a_backlog_sends_only_the_fast_claim(
     assert kinds.sent and set(kinds.sent) == {"fast"}
 
 
-def test_a_crowded_fast_claim_hands_over_to_the_planned_claim_in_the_same_pass(
+def test_a_crowded_fast_claim_goes_past_a_transaction_in_flight_then_to_the_planned_claim(
     pg_engine: Engine, make_relay: MakeRelay
 ) -> None:
-    """Another claim holds the first transaction, whose last message has key K, and the next
-    transaction's messages have key K too: the one-statement claim takes nothing, the planned
-    claim takes the later transactions at once (never the K ones), and the relay keeps the
-    planned claim while claims leave rows held by others, then goes back to the one-statement
-    claim. (A transaction held elsewhere that nothing waits for crowds nothing: the
-    one-statement claim passes it by.)"""
+    """Another claim holds the first transaction, whose last message has key K; the next two
+    transactions are one message of K each. The one-statement claim finds K's first message
+    held by a row in flight and goes once more, past its transaction; K's second message is
+    held there too, so the planned claim decides in the same pass and takes the later
+    transactions (never the K ones). The claims after it are one statement again, past what
+    it left; once the other relay has published, K's messages follow in order."""
     stage_each(pg_engine, [("held0", None), ("held1", None), ("held2", "K")], per_transaction=3)
-    stage_each(pg_engine, [("k0", "K"), ("k1", "K")], per_transaction=2)
+    stage_each(pg_engine, [("k0", "K"), ("k1", "K")])
     stage_each(pg_engine, ((f"free{n}", None) for n in range(4)), per_transaction=2)
     with pg_engine.begin() as conn:  # a live claim of another relay on the first transaction
         conn.execute(
@@ -753,10 +753,11 @@ def test_a_crowded_fast_claim_hands_over_to_the_planned_claim_in_the_same_pass(
     broker = Broker()
     relay = make_relay(pg_engine, broker, batch_size=2)
     assert relay.tick() == 2
-    assert kinds.sent == ["fast", "window", "window"]  # k0 and k1 left, then free0 and free1
+    assert kinds.sent == ["fast", "fast", "window", "window"]  # k0 and k1 left, then free0-1
     assert broker.published == ["free0", "free1"]
     relay.tick()
-    assert kinds.sent[3:] == ["window", "window"]  # still held by the other relay
+    assert kinds.sent[4:] == ["fast"]  # past what the planned claim left
+    assert broker.published == ["free0", "free1", "free2", "free3"]
     with pg_engine.begin() as conn:  # the other relay publishes its claim
         conn.execute(
             update(Row)
@@ -767,7 +768,38 @@ def test_a_crowded_fast_claim_hands_over_to_the_planned_claim_in_the_same_pass(
     relay.drain()
     kinds.close()
     assert broker.published == ["free0", "free1", "free2", "free3", "k0", "k1"]
-    assert kinds.sent[sent] == "window" and set(kinds.sent[sent + 1 :]) == {"fast"}
+    assert set(kinds.sent[sent:]) == {"fast"}
+
+
+def test_a_relay_past_a_stalled_claim_comes_back_for_its_transaction_in_order(
+    pg_engine: Engine, make_relay: MakeRelay
+) -> None:
+    """Another relay holds the first two messages of the first transaction, then stalls. The
+    relay goes past that transaction and publishes the later ones; once the stalled claim's
+    lease has lapsed, it comes back to the front and publishes the whole first transaction, in
+    order; the stalled claim's rows are fenced from it."""
+    stage_each(pg_engine, ((f"first{n}", None) for n in range(5)), per_transaction=5)
+    stage_each(pg_engine, ((f"later{n}", None) for n in range(6)), per_transaction=2)
+    with pg_engine.begin() as conn:  # the other relay's claim, live
+        conn.execute(
+            update(Row)
+            .where(Row.job.in_(["first0", "first1"]))
+            .values(claimed_by="stalled:1", claimed_at=dt.datetime.now(dt.timezone.utc))
+        )
+    broker = Broker()
+    relay = make_relay(pg_engine, broker, batch_size=2)
+    relay.drain()
+    assert broker.published == [f"later{n}" for n in range(6)]
+    with pg_engine.begin() as conn:  # the stalled claim's lease lapses
+        conn.execute(
+            update(Row)
+            .where(Row.claimed_by == "stalled:1")
+            .values(claimed_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
+        )
+    relay.drain()
+    assert broker.published[6:] == [f"first{n}" for n in range(5)]
+    assert all(row.published_at is not None for row in rows(pg_engine).values())
+    assert "stalled:1" not in {row.claimed_by for row in rows(pg_engine).values()}
 
 
 def test_the_fast_claim_passes_dead_letters_by_but_never_what_they_hold(

@@ -79,6 +79,25 @@ def _done() -> BindParameter[Any]:
     return bindparam("done", type_=outbox_table.c.claimed_by.type)
 
 
+def _after(table: Any, *, opaque: bool = False) -> Any:
+    """``table``'s rows after ``(:after_staged_at, :after_id)`` in claim order: the condition
+    spelled out, each term an index bound (a row comparison is one only on PostgreSQL).
+
+    ``opaque``: each parameter read through a subquery, whose value the planner does not look
+    at. PostgreSQL then estimates the same rows for every value, and keeps the prepared
+    statement's generic plan: a custom plan for the bound of a claim from the front would look
+    cheaper than the generic one, and be planned afresh on every pass.
+    """
+    after_at: Any = bindparam("after_staged_at", type_=UTCDateTime())
+    after_id: Any = bindparam("after_id", type_=outbox_table.c.id.type)
+    if opaque:
+        after_at, after_id = (select(value).scalar_subquery() for value in (after_at, after_id))
+    return and_(
+        table.c.staged_at >= after_at,
+        or_(table.c.staged_at > after_at, table.c.id > after_id),
+    )
+
+
 def _message_columns(dialect: str) -> tuple[Any, ...]:
     """A claimed row's columns: the message (``input`` as ``jsonb`` on PostgreSQL, decoded by
     the driver; as text elsewhere), then ``attempts``."""
@@ -187,14 +206,10 @@ def window_stmt(dialect: str, order: str = "key") -> Select[Any]:
     Parameters: ``window`` (written into the SQL), ``after_staged_at``, ``after_id``, ``done``;
     ``lease`` on PostgreSQL, ``now`` and ``cutoff`` elsewhere.
     """
-    t = outbox_table
-    after_at = bindparam("after_staged_at", type_=UTCDateTime())
-    after_id = bindparam("after_id", type_=t.c.id.type)
     columns = _message_columns(dialect)
     if dialect not in MYSQL_DIALECTS:
         columns = (*columns, *_links(dialect))
-    read = _candidates_read(dialect, order, "window", *columns)
-    return read.where(t.c.staged_at >= after_at, or_(t.c.staged_at > after_at, t.c.id > after_id))
+    return _candidates_read(dialect, order, "window", *columns).where(_after(outbox_table))
 
 
 def links_stmt(dialect: str) -> Select[Any]:
@@ -260,6 +275,40 @@ def park_rows_stmt(dialect: str) -> Update:
 # --- PostgreSQL's one-statement claim ---------------------------------------------------------
 
 
+def _last(candidates: Any) -> Any:
+    """The position of the last of ``candidates``."""
+    return (
+        select(candidates.c.staged_at, candidates.c.id)
+        .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
+        .limit(literal_column("1"))
+        .scalar_subquery()
+    )
+
+
+def _nothing_ahead(candidates: Any) -> Any:
+    """Whether the due rows of the claim index from the claim's bound to the last candidate,
+    backoffs aside, are exactly the candidates: nothing there is in flight. One range scan,
+    stopped a row past them."""
+    ahead_row = outbox_table.alias("ahead")
+    ahead = (
+        select(literal_column("1"))
+        .where(
+            *holding(ahead_row, "postgresql", _done()),
+            *in_claim_index(ahead_row, "postgresql")[1:],
+            or_(ahead_row.c.retry_at.is_(None), ahead_row.c.retry_at <= now("postgresql")),
+            _after(ahead_row, opaque=True),
+            position(ahead_row) <= _last(candidates),
+        )
+        .order_by(ahead_row.c.staged_at, ahead_row.c.id)
+        .limit(inline("limit") + literal_column("1"))
+        .subquery("ahead")
+    )
+    return (
+        select(func.count()).select_from(ahead).scalar_subquery()
+        == select(func.count()).select_from(candidates).scalar_subquery()
+    )
+
+
 def _gate(candidates: Any) -> Any:
     """Whether anything holds a candidate back (a one-row CTE, column ``crowded``): some
     group's candidates are not its first holding rows, that is, a group's head is not a
@@ -268,41 +317,20 @@ def _gate(candidates: Any) -> Any:
 
     Two ways to tell, the first only where it suffices:
 
-    * While nothing is in flight before the last candidate (the due rows of the claim index up
-      to it, backoffs aside, are exactly the candidates: one range scan, stopped a row past them)
-      and no stuck or parked row of a candidate's transaction lies before a later candidate of
-      it (one probe per transaction, into the small ``ix_outbox_failing`` and
-      ``ix_outbox_parked_group``), only a key can be held: two probes per keyed candidate. A
-      relay alone on a backlog thus never probes its unkeyed rows one by one.
+    * While nothing is in flight from the claim's bound to the last candidate
+      (:func:`_nothing_ahead`; the bound is a transaction's start or end, so every row of a
+      candidate's transaction before it is in that range) and no stuck or parked row of a
+      candidate's transaction lies before a later candidate of it (one probe per transaction,
+      into the small ``ix_outbox_failing`` and ``ix_outbox_parked_group``), only a key can be
+      held: two probes per keyed candidate. A relay alone on a backlog thus never probes its
+      unkeyed rows one by one.
     * Otherwise every candidate's heads and successors (:func:`first_holding`).
 
     ``CASE`` evaluates the second only when the first does not hold.
     """
     t = outbox_table
-    at = now("postgresql")
-    last = (
-        select(candidates.c.staged_at, candidates.c.id)
-        .order_by(candidates.c.staged_at.desc(), candidates.c.id.desc())
-        .limit(literal_column("1"))
-        .scalar_subquery()
-    )
-    ahead_row = t.alias("ahead")
-    ahead = (
-        select(literal_column("1"))
-        .where(
-            *holding(ahead_row, "postgresql", _done()),
-            *in_claim_index(ahead_row, "postgresql")[1:],
-            or_(ahead_row.c.retry_at.is_(None), ahead_row.c.retry_at <= at),
-            position(ahead_row) <= last,
-        )
-        .order_by(ahead_row.c.staged_at, ahead_row.c.id)
-        .limit(inline("limit") + literal_column("1"))
-        .subquery("ahead")
-    )
-    nothing_ahead = (
-        select(func.count()).select_from(ahead).scalar_subquery()
-        == select(func.count()).select_from(candidates).scalar_subquery()
-    )
+    last = _last(candidates)
+    nothing_ahead = _nothing_ahead(candidates)
 
     transactions = select(candidates.c.staged_at).distinct().subquery("candidate_transactions")
     later = candidates.alias("later_candidate")
@@ -360,9 +388,11 @@ def fast_claim_stmt(order: str = "key", *, mark: bool = False) -> Select[Any]:
     """PostgreSQL: lease up to ``:limit`` candidates in one autocommit statement, all of them
     or none (see the module docs).
 
-    Its columns are ``crowded`` (true: it took nothing, something holds a candidate back), then
-    the claimed rows' message and ``attempts``, in claim order; always at least one row (with
-    nothing claimed, one with those NULL).
+    Its columns are ``crowded`` (true: it took nothing, something holds a candidate back),
+    ``skip_to`` (when crowded while a row before the last candidate is in flight, the first
+    candidate's ``staged_at``: its transaction is likely the one another relay is publishing),
+    then the claimed rows' message and ``attempts``, in claim order; always at least one row
+    (with nothing claimed, one with those NULL).
 
     ``mark=True``: the statement also marks the previous claim's rows published
     (``:previous_ids``, fenced on ``:done``, its token) and unparks what waited for them; its
@@ -371,13 +401,22 @@ def fast_claim_stmt(order: str = "key", *, mark: bool = False) -> Select[Any]:
     ``:done`` claim's rows as published. A relay working through a backlog thus claims and
     marks in one round trip.
 
-    Parameters: ``limit`` (written into the SQL), ``token``, ``done``, ``lease``; with ``mark``,
-    ``previous_ids``.
+    Candidates come after ``(:after_staged_at, :after_id)``, a transaction's start or end:
+    a relay whose outbox's front is held (another relay publishing a large transaction, rows
+    waiting for a failed row's retry) claims past it in one statement. The rule needs nothing of
+    the bound: each candidate's heads are probed wherever they are, and one before the bound is
+    no candidate, so the claim is crowded. How far a relay goes past the front, and for how
+    long, is :class:`~sqla_outbox.stores.postgresql.PostgresStore`'s choice.
+
+    Parameters: ``limit`` (written into the SQL), ``token``, ``done``, ``lease``,
+    ``after_staged_at``, ``after_id``; with ``mark``, ``previous_ids``.
     """
     t = outbox_table
-    candidates = _candidates_read(
-        "postgresql", order, "limit", t.c.id, t.c.staged_at, t.c.ordering_key
-    ).cte("candidates")
+    candidates = (
+        _candidates_read("postgresql", order, "limit", t.c.id, t.c.staged_at, t.c.ordering_key)
+        .where(_after(t, opaque=True))
+        .cte("candidates")
+    )
     gate = _gate(candidates)
     crowded = select(gate.c.crowded).scalar_subquery()
     taken = select(candidates.c.id).where(~crowded).scalar_subquery()
@@ -395,7 +434,15 @@ def fast_claim_stmt(order: str = "key", *, mark: bool = False) -> Select[Any]:
             select(func.count()).select_from(marked).scalar_subquery().label("marked"),
             select(func.count()).select_from(unparked).scalar_subquery().label("unparked"),
         ]
-    header = select(*counts, crowded.label("crowded")).subquery("header")
+    first = (
+        select(candidates.c.staged_at)
+        .order_by(candidates.c.staged_at, candidates.c.id)
+        .limit(literal_column("1"))
+        .scalar_subquery()
+    )
+    # Read only when crowded: CASE evaluates a branch only when it is taken.
+    skip_to = case((crowded, case((~_nothing_ahead(candidates), first))))
+    header = select(*counts, crowded.label("crowded"), skip_to.label("skip_to")).subquery("header")
     return (
         select(*header.c, *claimed.c)
         .select_from(header.outerjoin(claimed, true()))

@@ -131,6 +131,10 @@ class SqlStore:
         transaction writes it first and then sees what it wrote."""
         return True
 
+    def start_over(self) -> None:
+        """Forget what earlier claims found, as a relay that just started would: the next
+        claim starts from the front of the outbox. This store keeps nothing between claims."""
+
     def claim(self, token: str, carried: WriteBack | None) -> Claimed:
         """Claim the next rows, writing ``carried`` with them (see :meth:`can_carry`).
 

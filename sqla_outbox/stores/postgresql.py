@@ -10,8 +10,11 @@ What it does for speed, and why it is safe:
   (:func:`~sqla_outbox.queries.fast_claim_stmt`) that also carries the previous pass's mark: a
   pass is one round trip plus the publishing. When it finds something held (it takes nothing
   and says ``crowded``), the base store's claim decides in the same pass
-  (:mod:`sqla_outbox.plan`), and the relay stays on that claim while claims leave rows held by
-  others.
+  (:mod:`sqla_outbox.plan`). When that claim takes rows past rows it leaves, the next claims are
+  one statement again, past what it left (:data:`RESUME_CLAIMS`); when it takes nothing, the
+  relay stays on it while claims leave rows held by others. A one-statement claim held back by
+  a row in flight before its candidates goes once more, past the first candidate's
+  transaction: a second relay finds the next transaction of a large backlog in two statements.
 * A pass with a failure writes back in one statement (:func:`~sqla_outbox.queries.settle_stmt`).
 * Timestamps come from the server's clock (``now()``), so relays on hosts with skewed clocks
   agree on leases and backoffs.
@@ -25,21 +28,40 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import Connection, Engine, Executable, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from sqla_outbox import queries
+from sqla_outbox import plan, queries
 from sqla_outbox.analyzing import StaleStatistics
 from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.logs import log_event
+from sqla_outbox.message import OutboxMessage
+from sqla_outbox.model import as_utc
+from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.stores.base import SqlStore, done_token
 from sqla_outbox.sweeping import Swept
 
-__all__ = ["PostgresStore"]
+__all__ = ["FRONT", "RESUME_CLAIMS", "PostgresStore"]
 
 log = logging.getLogger("sqla_outbox.relay")
+
+RESUME_CLAIMS = 32
+"""One-statement claims a relay makes past the front of the outbox, after rows something held,
+before it claims from the front again.
+
+Rows are held by another relay's claim (a large transaction it is publishing) or by a failed
+row in its backoff. A relay that finds them held goes on past them: after the transaction of
+the last row its planned claim took, after the transaction a one-statement claim found in
+flight, or after the transactions of the rows its last pass failed to publish. Claiming from
+the front each time would find them held again and pay for it every pass; claiming past them
+for good would let rows at the front whose holder has finished wait for ever. After this many
+claims, or a claim that finds nothing past where it started, the relay claims from the front
+again: a row freed at the front waits at most this many passes.
+"""
+FRONT: Final[plan.Position] = (dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc), plan.FIRST_ID)
+"""Before every row: a claim from the front."""
 
 
 class PostgresStore(SqlStore):
@@ -54,7 +76,12 @@ class PostgresStore(SqlStore):
             mark: queries.fast_claim_stmt(self._order, mark=mark) for mark in (False, True)
         }
         self._crowded = False
-        """The last claim left rows held by claims in flight: claim with the plan directly."""
+        """The last claim took nothing and left rows held by others: claim with the plan
+        directly."""
+        self._after = FRONT
+        """Where one-statement claims start: a transaction's start or end, or the front."""
+        self._resume_claims = 0
+        """One-statement claims left before the relay reads from the front again."""
         self._settle = queries.settle_stmt()
         self._sweep = queries.sweep_stmt()
         self._analyze = queries.analyze_stmt()
@@ -64,6 +91,18 @@ class PostgresStore(SqlStore):
     def can_carry(self, write_back: WriteBack) -> bool:
         """A mark rides on the next claim; a pass with anything more is written on its own."""
         return write_back.mark_only
+
+    def write_back(
+        self, claimed: Claimed, outcome: PassOutcome
+    ) -> tuple[WriteBack, list[OutboxMessage]]:
+        """As the base store's; and the next claims go on past the transactions of the rows
+        that failed (:data:`RESUME_CLAIMS`): the rest of each waits for its failed row."""
+        write_back, dead = super().write_back(claimed, outcome)
+        if outcome.failed:
+            last = max(message.staged_at for message, _error in outcome.failed)
+            if self._after < (last, plan.LAST_ID):
+                self._resume((last, plan.LAST_ID))
+        return write_back, dead
 
     def _retry_params(self, now: dt.datetime, backoff: dt.timedelta) -> dict[str, Any]:
         return {"delay": backoff}
@@ -96,35 +135,78 @@ class PostgresStore(SqlStore):
             claimed = self._claim_fast(token, carried, done)
             if not claimed.crowded:
                 return claimed
-            carried, unparked = None, claimed.unparked  # the statement wrote it
+            carried, unparked = None, claimed.unparked  # the statements wrote it
         claimed = self._planned(token, carried, done)
         claimed.unparked += unparked
         claimed.crowded = True
-        self._crowded = claimed.held > 0
+        self._after = FRONT
+        if claimed.held and claimed.messages:
+            # Rows before the last one taken were left: go on from its transaction.
+            self._resume((claimed.messages[-1].staged_at, plan.FIRST_ID))
+        self._crowded = claimed.held > 0 and not claimed.messages
         self._stale.moved(claimed.parked)
         return claimed
 
+    def start_over(self) -> None:
+        """The next claim is the one-statement claim, from the front."""
+        self._crowded = False
+        self._after = FRONT
+
+    def _resume(self, after: plan.Position) -> None:
+        """Make the next one-statement claims start after ``after`` (:data:`RESUME_CLAIMS`)."""
+        self._after = after
+        self._resume_claims = RESUME_CLAIMS
+
     def _claim_fast(self, token: str, carried: WriteBack | None, done: str) -> Claimed:
-        """The one-statement claim, with ``carried``'s mark (see :meth:`can_carry`)."""
+        """The one-statement claim with ``carried``'s mark (see :meth:`can_carry`), from where
+        the relay is; once more past the first candidate's transaction when a row before the
+        candidates is in flight, and from the front when nothing is past where it was."""
+        skipped = False
+        unparked = 0
+        while True:
+            resumed = self._after != FRONT
+            claimed, skip_to = self._claim_fast_once(token, carried, done)
+            carried = None  # the statement wrote it
+            unparked += claimed.unparked
+            if claimed.crowded and skip_to is not None and not skipped:
+                skipped = True
+                self._resume((as_utc(skip_to), plan.LAST_ID))
+            elif resumed and not claimed.crowded and not claimed.messages:
+                self._after = FRONT
+            else:
+                claimed.unparked = unparked
+                return claimed
+
+    def _claim_fast_once(
+        self, token: str, carried: WriteBack | None, done: str
+    ) -> tuple[Claimed, dt.datetime | None]:
+        """One one-statement claim after ``self._after``; with the ``skip_to`` it answered."""
+        after_at, after_id = self._after
+        if self._after != FRONT:
+            self._resume_claims -= 1
+            if self._resume_claims <= 0:
+                self._after = FRONT
         params: dict[str, Any] = {
             "limit": self._batch_size,
             "token": token,
             "lease": self._lease,
             "done": done,
+            "after_staged_at": after_at,
+            "after_id": after_id,
         }
         if carried is not None:
             params["previous_ids"] = carried.ids
-        header = 1 if carried is None else 3
+        header = 2 if carried is None else 4
         with self._transaction(statements=1) as conn:
             rows = self._rows(self._execute(conn, self._fast[carried is not None], params))
         counts = rows[0]
         if carried is not None:
             self._check(carried.token, "mark", expected=len(carried.ids), touched=counts[0])
         claimed = self._decode(token, rows if counts[header] is not None else [], header)
-        claimed.crowded = bool(counts[header - 1])
+        claimed.crowded = bool(counts[header - 2])
         if carried is not None:
             claimed.unparked = counts[1]
-        return claimed
+        return claimed, counts[header - 1]
 
     # -- settle --------------------------------------------------------------------------------
 

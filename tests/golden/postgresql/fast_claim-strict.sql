@@ -38,6 +38,12 @@ WITH candidates AS
              ORDER BY failing.staged_at,
                       failing.id
              LIMIT 1))
+     AND outbox.staged_at >=
+       (SELECT %(after_staged_at)s::TIMESTAMP WITH TIME ZONE AS anon_3)
+     AND (outbox.staged_at >
+            (SELECT %(after_staged_at)s::TIMESTAMP WITH TIME ZONE AS anon_3)
+          OR outbox.id >
+            (SELECT %(after_id)s::UUID AS anon_4))
    ORDER BY outbox.staged_at,
             outbox.id
    LIMIT __[POSTCOMPILE_limit]
@@ -57,6 +63,12 @@ WITH candidates AS
                             AND NOT ahead.parked
                             AND (ahead.retry_at IS NULL
                                  OR ahead.retry_at <= now())
+                            AND ahead.staged_at >=
+                              (SELECT %(after_staged_at)s::TIMESTAMP WITH TIME ZONE AS anon_1)
+                            AND (ahead.staged_at >
+                                   (SELECT %(after_staged_at)s::TIMESTAMP WITH TIME ZONE AS anon_1)
+                                 OR ahead.id >
+                                   (SELECT %(after_id)s::UUID AS anon_2))
                             AND (ahead.staged_at,
                                  ahead.id) <=
                               (SELECT candidates.staged_at,
@@ -246,6 +258,7 @@ WITH candidates AS
                                                                 outbox.ordering_key,
                                                                 outbox.attempts)
 SELECT header.crowded,
+       header.skip_to,
        claimed.id,
        claimed.job,
        claimed.queue,
@@ -262,7 +275,50 @@ SELECT header.crowded,
 FROM
   (SELECT
      (SELECT gate.crowded
-      FROM gate) AS crowded) AS header
+      FROM gate) AS crowded,
+          CASE
+              WHEN
+                     (SELECT gate.crowded
+                      FROM gate) THEN CASE
+                                          WHEN (
+                                                  (SELECT count(*) AS count_3
+                                                   FROM
+                                                     (SELECT 1
+                                                      FROM outbox AS ahead
+                                                      WHERE ahead.published_at IS NULL
+                                                        AND ahead.run_at <= now()
+                                                        AND ahead.claimed_by IS DISTINCT
+                                                        FROM %(done)s::VARCHAR
+                                                        AND ahead.dead_at IS NULL
+                                                        AND NOT ahead.parked
+                                                        AND (ahead.retry_at IS NULL
+                                                             OR ahead.retry_at <= now())
+                                                        AND ahead.staged_at >=
+                                                          (SELECT %(after_staged_at)s::TIMESTAMP WITH TIME ZONE AS anon_5)
+                                                        AND (ahead.staged_at >
+                                                               (SELECT %(after_staged_at)s::TIMESTAMP WITH TIME ZONE AS anon_5)
+                                                             OR ahead.id >
+                                                               (SELECT %(after_id)s::UUID AS anon_6))
+                                                        AND (ahead.staged_at,
+                                                             ahead.id) <=
+                                                          (SELECT candidates.staged_at,
+                                                                  candidates.id
+                                                           FROM candidates
+                                                           ORDER BY candidates.staged_at DESC,
+                                                                    candidates.id DESC
+                                                           LIMIT 1)
+                                                      ORDER BY ahead.staged_at,
+                                                               ahead.id
+                                                      LIMIT __[POSTCOMPILE_limit] + 1) AS ahead) !=
+                                                  (SELECT count(*) AS count_4
+                                                   FROM candidates)) THEN
+                                                 (SELECT candidates.staged_at
+                                                  FROM candidates
+                                                  ORDER BY candidates.staged_at,
+                                                           candidates.id
+                                                  LIMIT 1)
+                                      END
+          END AS skip_to) AS header
 LEFT OUTER JOIN claimed ON TRUE
 ORDER BY claimed.staged_at,
          claimed.id
