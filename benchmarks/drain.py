@@ -77,9 +77,8 @@ from benchmarks.harness import (
 )
 from benchmarks.held_rows import DEAD_LETTERS, HELD_ROWS, INSERT_HELD, PARK_HELD
 from benchmarks.variants import PlannedOnly
-from sqla_outbox import queries
+from sqla_outbox import plan, queries
 from sqla_outbox.stores import psycopg_sql
-from sqla_outbox.stores.postgresql import FRONT
 
 __all__ = [
     "BATCH_SIZES",
@@ -289,8 +288,8 @@ def _drain_library_sql(ctx: Context, batch_size: int) -> tuple[int, float]:
                     "limit": batch_size,
                     "lease": lease,
                     "token": token,
-                    "after_staged_at": FRONT[0],
-                    "after_id": FRONT[1],
+                    "after_staged_at": plan.FRONT[0],
+                    "after_id": plan.FRONT[1],
                 }
             )
             header = 4 if previous else 2

@@ -103,6 +103,7 @@ from typing import Final
 
 __all__ = [
     "FIRST_ID",
+    "FRONT",
     "LAST_ID",
     "MOST_READ_BATCHES",
     "PARK_AFTER",
@@ -124,6 +125,9 @@ FIRST_ID: Final = uuid.UUID(int=0)
 """The least id."""
 LAST_ID: Final = uuid.UUID(int=(1 << 128) - 1)
 """The greatest id: ``(staged_at, LAST_ID)`` is the end of the transaction ``staged_at``."""
+FRONT: Final[Position] = (dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc), FIRST_ID)
+"""A position before every row (the earliest instant every database's column takes): a read
+from the front of the outbox."""
 
 PARK_AFTER: Final = dt.timedelta(seconds=1)
 """A row waiting out a retry backoff that ends later than this from now is stuck: what waits

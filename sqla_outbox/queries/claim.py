@@ -434,12 +434,7 @@ def fast_claim_stmt(order: str = "key", *, mark: bool = False) -> Select[Any]:
             select(func.count()).select_from(marked).scalar_subquery().label("marked"),
             select(func.count()).select_from(unparked).scalar_subquery().label("unparked"),
         ]
-    first = (
-        select(candidates.c.staged_at)
-        .order_by(candidates.c.staged_at, candidates.c.id)
-        .limit(literal_column("1"))
-        .scalar_subquery()
-    )
+    first = select(func.min(candidates.c.staged_at)).scalar_subquery()
     # Read only when crowded: CASE evaluates a branch only when it is taken.
     skip_to = case((crowded, case((~_nothing_ahead(candidates), first))))
     header = select(*counts, crowded.label("crowded"), skip_to.label("skip_to")).subquery("header")

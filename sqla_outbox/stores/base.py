@@ -51,9 +51,6 @@ _STAGED_AT = queries.MESSAGE_FIELDS.index("staged_at")
 _ORDERING_KEY = queries.MESSAGE_FIELDS.index("ordering_key")
 _CLAIM = len(queries.CLAIM_FIELDS)
 """Where a window row's links start: after the claim's fields."""
-_FIRST: plan.Position = (dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc), plan.FIRST_ID)
-"""A position before every row: the first window reads from the start (the earliest instant
-every database's column takes)."""
 _PARKING_TRIES = 4
 """Claims one call may make while each takes nothing but parks or unparks rows."""
 SWEEP_LIMIT = 10_000
@@ -172,7 +169,7 @@ class SqlStore:
         rows: dict[uuid.UUID, Sequence[Any]] = {}
 
         def read(after: plan.Position | None, size: int) -> list[plan.Links]:
-            at, after_id = after or _FIRST
+            at, after_id = after or plan.FRONT
             window = {**params, "window": size, "after_staged_at": at, "after_id": after_id}
             read_rows = self._read_window(conn, window)
             links = []

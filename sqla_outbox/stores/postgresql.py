@@ -28,7 +28,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Executable, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,7 +43,7 @@ from sqla_outbox.publishing import PassOutcome
 from sqla_outbox.stores.base import SqlStore, done_token
 from sqla_outbox.sweeping import Swept
 
-__all__ = ["FRONT", "RESUME_CLAIMS", "PostgresStore"]
+__all__ = ["RESUME_CLAIMS", "PostgresStore"]
 
 log = logging.getLogger("sqla_outbox.relay")
 
@@ -60,8 +60,6 @@ for good would let rows at the front whose holder has finished wait for ever. Af
 claims, or a claim that finds nothing past where it started, the relay claims from the front
 again: a row freed at the front waits at most this many passes.
 """
-FRONT: Final[plan.Position] = (dt.datetime(1000, 1, 1, tzinfo=dt.timezone.utc), plan.FIRST_ID)
-"""Before every row: a claim from the front."""
 
 
 class PostgresStore(SqlStore):
@@ -78,7 +76,7 @@ class PostgresStore(SqlStore):
         self._crowded = False
         """The last claim took nothing and left rows held by others: claim with the plan
         directly."""
-        self._after = FRONT
+        self._after = plan.FRONT
         """Where one-statement claims start: a transaction's start or end, or the front."""
         self._resume_claims = 0
         """One-statement claims left before the relay reads from the front again."""
@@ -139,7 +137,7 @@ class PostgresStore(SqlStore):
         claimed = self._planned(token, carried, done)
         claimed.unparked += unparked
         claimed.crowded = True
-        self._after = FRONT
+        self._after = plan.FRONT
         if claimed.held and claimed.messages:
             # Rows before the last one taken were left: go on from its transaction.
             self._resume((claimed.messages[-1].staged_at, plan.FIRST_ID))
@@ -150,7 +148,7 @@ class PostgresStore(SqlStore):
     def start_over(self) -> None:
         """The next claim is the one-statement claim, from the front."""
         self._crowded = False
-        self._after = FRONT
+        self._after = plan.FRONT
 
     def _resume(self, after: plan.Position) -> None:
         """Make the next one-statement claims start after ``after`` (:data:`RESUME_CLAIMS`)."""
@@ -164,7 +162,7 @@ class PostgresStore(SqlStore):
         skipped = False
         unparked = 0
         while True:
-            resumed = self._after != FRONT
+            resumed = self._after != plan.FRONT
             claimed, skip_to = self._claim_fast_once(token, carried, done)
             carried = None  # the statement wrote it
             unparked += claimed.unparked
@@ -172,7 +170,7 @@ class PostgresStore(SqlStore):
                 skipped = True
                 self._resume((as_utc(skip_to), plan.LAST_ID))
             elif resumed and not claimed.crowded and not claimed.messages:
-                self._after = FRONT
+                self._after = plan.FRONT
             else:
                 claimed.unparked = unparked
                 return claimed
@@ -182,10 +180,10 @@ class PostgresStore(SqlStore):
     ) -> tuple[Claimed, dt.datetime | None]:
         """One one-statement claim after ``self._after``; with the ``skip_to`` it answered."""
         after_at, after_id = self._after
-        if self._after != FRONT:
+        if self._after != plan.FRONT:
             self._resume_claims -= 1
             if self._resume_claims <= 0:
-                self._after = FRONT
+                self._after = plan.FRONT
         params: dict[str, Any] = {
             "limit": self._batch_size,
             "token": token,

@@ -34,7 +34,6 @@ import sqla_outbox as outbox
 from sqla_outbox import plan, retries
 from sqla_outbox.liveness import Liveness
 from sqla_outbox.stores import PostgresStore, SqlStore, open_store, relay_engine
-from sqla_outbox.stores.postgresql import FRONT
 
 EXAMPLES = int(os.environ.get("SQLA_OUTBOX_CLAIM_EXAMPLES", "2000"))
 LEASE = dt.timedelta(seconds=30)
@@ -374,7 +373,7 @@ def test_every_store_claims_what_the_plan_takes_and_keeps_the_rule(store_engine:
         model = Model(case.rows, case.order)
         # PostgreSQL's one-statement claim may have gone past a transaction in flight: it takes
         # what the plan takes over the windows from there.
-        start = starts[-1] if starts and starts[-1] != FRONT else None
+        start = starts[-1] if starts and starts[-1] != plan.FRONT else None
         assert taken == model.claim(case.batch, start)
         assert {i for i, row in after.items() if row.claimed_by == TOKEN} == set(taken)
         assert {i: (bool(row.parked), row.parked_behind) for i, row in after.items()} == (

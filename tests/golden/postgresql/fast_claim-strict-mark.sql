@@ -338,11 +338,8 @@ FROM
                                                       LIMIT __[POSTCOMPILE_limit] + 1) AS ahead) !=
                                                   (SELECT count(*) AS count_6
                                                    FROM candidates)) THEN
-                                                 (SELECT candidates.staged_at
-                                                  FROM candidates
-                                                  ORDER BY candidates.staged_at,
-                                                           candidates.id
-                                                  LIMIT 1)
+                                                 (SELECT min(candidates.staged_at) AS min_1
+                                                  FROM candidates)
                                       END
           END AS skip_to) AS header
 LEFT OUTER JOIN claimed ON TRUE
