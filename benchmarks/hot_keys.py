@@ -59,6 +59,7 @@ import sqla_outbox as outbox
 from benchmarks.drain import BENCH_RELAY_ID
 from benchmarks.drain_failures import _counted_events, _Events
 from benchmarks.harness import Context, Result, Target, compare, fresh_pool, interleave
+from benchmarks.raw_keyed import drain_raw_keyed
 
 __all__ = ["FAILING", "KEYS", "PER_TRANSACTION", "QUICK_ROWS", "RETRY", "ROWS", "run"]
 
@@ -91,6 +92,10 @@ _RESTORE = (
 
 FAILS = "ours, hot keys, 2% fail once"
 CLEAN = "ours, hot keys, no failures"
+RAW_FAILS = "raw SQL keeping key order, hot keys, 2% fail once"
+RAW_CLEAN = "raw SQL keeping key order, hot keys, no failures"
+KEEP_FAILS = "raw SQL retrying in the pass, hot keys, 2% fail once"
+KEEP_CLEAN = "raw SQL retrying in the pass, hot keys, no failures"
 
 _PER_ROUND = (
     "seconds",
@@ -115,16 +120,25 @@ class _Publisher:
     successes and distinct ids (as integers: see ``benchmarks.drain_failures._Publisher``)."""
 
     failing: frozenset[uuid.UUID]
+    total: int
     published: int = 0
     refused: set[uuid.UUID] = field(default_factory=set)
     distinct: set[int] = field(default_factory=set)
 
     def __call__(self, message: outbox.OutboxMessage) -> None:
-        if message.id in self.failing and message.id not in self.refused:
-            self.refused.add(message.id)
+        self.publish_id(message.id)
+
+    def publish_id(self, message_id: uuid.UUID) -> None:
+        """Publish ``message_id`` (or refuse its first attempt, if failing)."""
+        if message_id in self.failing and message_id not in self.refused:
+            self.refused.add(message_id)
             raise _RefusedError("bench: refused once")
         self.published += 1
-        self.distinct.add(message.id.int)
+        self.distinct.add(message_id.int)
+
+    def done(self) -> bool:
+        """Whether every message has been published (at least once)."""
+        return len(self.distinct) >= self.total
 
 
 @dataclass
@@ -192,7 +206,7 @@ def _drain(
 ) -> _Run:
     """Restore, then ``drain()`` until every message was published once or ``timeout``."""
     ctx.sql(*_RESTORE)
-    publisher = _Publisher(failing)
+    publisher = _Publisher(failing, rows)
     passes = _Passes()
     charged_before = events.counts.get("relay.publish_failed", 0)
     fresh_pool(ctx.engine)
@@ -254,7 +268,10 @@ def run(ctx: Context) -> list[Result]:
         f"(b={BATCH}, drain(), retry {RETRY * 1000:g} ms, at most {timeout:g} s a run)"
     )
     runs: dict[str, list[_Run]] = {FAILS: [], CLEAN: []}
-    samples: dict[str, list[float]] = {FAILS: [], CLEAN: []}
+    raw_runs: dict[str, list[_Publisher]] = {
+        name: [] for name in (RAW_FAILS, RAW_CLEAN, KEEP_FAILS, KEEP_CLEAN)
+    }
+    samples: dict[str, list[float]] = {name: [] for name in (FAILS, CLEAN, *raw_runs)}
     with _counted_events() as events:
 
         def arm(name: str, ids: frozenset[uuid.UUID]) -> Callable[[], float]:
@@ -269,7 +286,27 @@ def run(ctx: Context) -> list[Result]:
 
             return run_arm
 
-        arms = {FAILS: arm(FAILS, failing), CLEAN: arm(CLEAN, frozenset())}
+        def raw_arm(
+            name: str, ids: frozenset[uuid.UUID], *, retrying: bool = False
+        ) -> Callable[[], float]:
+            def run_arm() -> float:
+                ctx.sql(*_RESTORE)
+                publisher = _Publisher(ids, rows)
+                seconds = drain_raw_keyed(ctx, publisher, BATCH, RETRY, timeout, retrying=retrying)
+                raw_runs[name].append(publisher)
+                ctx.log(f"  {name}: {seconds:.2f} s, {len(publisher.distinct):,} published")
+                return len(publisher.distinct) / seconds
+
+            return run_arm
+
+        arms = {
+            FAILS: arm(FAILS, failing),
+            CLEAN: arm(CLEAN, frozenset()),
+            RAW_FAILS: raw_arm(RAW_FAILS, failing),
+            RAW_CLEAN: raw_arm(RAW_CLEAN, frozenset()),
+            KEEP_FAILS: raw_arm(KEEP_FAILS, failing, retrying=True),
+            KEEP_CLEAN: raw_arm(KEEP_CLEAN, frozenset(), retrying=True),
+        }
         for index in range(ctx.scale.drain_rounds):
             # One round at a time, alternating the order as interleave() does over rounds, so
             # that a run which timed out ends the workload after its round.
@@ -294,6 +331,12 @@ def run(ctx: Context) -> list[Result]:
         for key in _PER_ROUND
     }
     suffix = f"; {timed_out} run(s) stopped at {timeout:g} s" if timed_out else ""
+
+    def wrong(*names: str) -> int:
+        """Duplicated or missing messages over the runs of the raw arms ``names``."""
+        done = [p for name in names for p in raw_runs[name]]
+        return sum(p.published - len(p.distinct) + rows - len(p.distinct) for p in done)
+
     return [
         compare(
             f"drain, {KEYS} hot keys, 2% fail once vs no failures "
@@ -310,6 +353,27 @@ def run(ctx: Context) -> list[Result]:
             timed_out_runs=timed_out,
             seconds_median={name: statistics.median(per_round["seconds"][name]) for name in runs},
             **per_round,
+        ),
+        # The floor: the same drain by the cheapest hand-written relay that keeps transaction
+        # and key order with bounded claims (benchmarks.raw_keyed), measured in the same run.
+        compare(
+            f"drain, {KEYS} hot keys, 2% fail once: raw SQL keeping key order, failing vs clean "
+            "(the floor)",
+            "rows/s",
+            samples,
+            RAW_FAILS,
+            RAW_CLEAN,
+            duplicated_or_missing=wrong(RAW_FAILS, RAW_CLEAN),
+        ),
+        # A floor for a design the library does not have: a pass keeps its claim through a
+        # failure's backoff and retries it (benchmarks.raw_keyed, retrying).
+        compare(
+            f"drain, {KEYS} hot keys, 2% fail once: raw SQL retrying in the pass, failing vs clean",
+            "rows/s",
+            samples,
+            KEEP_FAILS,
+            KEEP_CLEAN,
+            duplicated_or_missing=wrong(KEEP_FAILS, KEEP_CLEAN),
         ),
         Result(
             name=f"drain, {KEYS} hot keys: duplicated or missing over {len(every)} drains",

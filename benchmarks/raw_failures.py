@@ -71,6 +71,7 @@ __all__ = [
     "RAW_PARKING_SETTLE",
     "RAW_RIDING_CLAIMS",
     "RAW_SETTLE",
+    "RawPass",
     "drain_raw_failing",
     "probing_claim",
 ]
@@ -283,7 +284,7 @@ class Publisher(Protocol):
 
 
 @dataclass
-class _Pass:
+class RawPass:
     """What one pass of a hand-written loop did with its claim."""
 
     token: str
@@ -307,9 +308,9 @@ class _Pass:
         return params
 
 
-def _publish(rows: list[Any], token: str, publisher: Publisher) -> _Pass:
+def _publish(rows: list[Any], token: str, publisher: Publisher) -> RawPass:
     """Publish a claim's rows in order; a failed row holds back its transaction's later rows."""
-    done = _Pass(token)
+    done = RawPass(token)
     waiting: set[Any] = set()  # transactions with a failed row in this pass
     for row in rows:
         if row[_STAGED_AT] in waiting:
@@ -339,7 +340,7 @@ class _Kept:
 
 
 @dataclass
-class _KeepingPass(_Pass):
+class _KeepingPass(RawPass):
     """What one pass of the keeping loop did: its write-back, fenced on its claim (``token``)
     and on those of the kept rows it retried (``tokens``), and what it keeps."""
 
@@ -445,7 +446,7 @@ def _drain_handing_back(
 ) -> float:
     """The loops that hand a failed pass's rows back (see :func:`drain_raw_failing`)."""
     delay = dt.timedelta(seconds=retry)
-    carried: _Pass | None = None
+    carried: RawPass | None = None
     with ctx.raw() as conn:
         start = time.perf_counter()
         while not publisher.done():
