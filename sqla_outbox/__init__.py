@@ -5,7 +5,10 @@ business rows; a :class:`Relay` publishes committed rows afterwards, at least on
 with an idempotency key a consumer can deduplicate on.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from sqla_outbox import ddl as _ddl  # noqa: F401 - registers the table's PostgreSQL DDL
+from sqla_outbox.backlog import OutboxStatus, status
 from sqla_outbox.dead_letters import DeadLetter, dead_letters, discard_dead, retry_dead
 from sqla_outbox.engines import create_engine
 from sqla_outbox.errors import (
@@ -42,6 +45,7 @@ __all__ = [
     "OutboxError",
     "OutboxMessage",
     "OutboxRow",
+    "OutboxStatus",
     "PassResult",
     "PublishError",
     "Publisher",
@@ -49,6 +53,7 @@ __all__ = [
     "Relay",
     "SchemaVersionError",
     "StagingError",
+    "__version__",
     "create_engine",
     "dead_letters",
     "discard_dead",
@@ -57,4 +62,11 @@ __all__ = [
     "purge",
     "retry_dead",
     "staged",
+    "status",
 ]
+
+try:
+    __version__ = version("sqla-outbox")
+    """The installed distribution's version (PEP 440), as ``sqla-outbox --version`` prints it."""
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +47,7 @@ from sqla_outbox import queries
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.notify import wake_local
-from sqla_outbox.preflight import check_outbox_table, operator_engine
-from sqla_outbox.schema_errors import raise_if_missing_table
+from sqla_outbox.preflight import checked_transaction
 from sqla_outbox.stores.operating import operations_for
 
 __all__ = [
@@ -199,21 +197,12 @@ def discard_dead_letters(conn: Connection, ids: Sequence[uuid.UUID] | None) -> l
 # --- on a bind ---------------------------------------------------------------------------------
 
 
-@contextmanager
-def _checked_transaction(
-    bind: Engine | str | URL, privileges: Sequence[str], needed_by: str
-) -> Iterator[Connection]:
-    with operator_engine(bind) as engine, raise_if_missing_table(engine), engine.begin() as conn:
-        check_outbox_table(conn, privileges, needed_by=needed_by)
-        yield conn
-
-
 def dead_letters(bind: Engine | str | URL) -> list[DeadLetter]:
     """Every dead letter, in claim order (see the module docs).
 
     :param bind: an ``Engine`` or a database URL.
     """
-    with _checked_transaction(bind, LIST_PRIVILEGES, "dead_letters()") as conn:
+    with checked_transaction(bind, LIST_PRIVILEGES, "dead_letters()") as conn:
         return read_dead_letters(conn)
 
 
@@ -229,7 +218,7 @@ def retry_dead(bind: Engine | str | URL, ids: Iterable[uuid.UUID | str] | None =
         Ids that are not dead letters are skipped.
     """
     parsed = message_ids(ids)
-    with _checked_transaction(bind, RETRY_PRIVILEGES, "retry_dead()") as conn:
+    with checked_transaction(bind, RETRY_PRIVILEGES, "retry_dead()") as conn:
         retried = len(retry_dead_letters(conn, parsed))
     if retried:
         wake_local()  # relays of this process claim them now rather than at their next poll
@@ -246,7 +235,7 @@ def discard_dead(bind: Engine | str | URL, ids: Iterable[uuid.UUID | str] | None
         Ids that are not dead letters are skipped (a row that is not dead is never deleted).
     """
     parsed = message_ids(ids)
-    with _checked_transaction(bind, DISCARD_PRIVILEGES, "discard_dead()") as conn:
+    with checked_transaction(bind, DISCARD_PRIVILEGES, "discard_dead()") as conn:
         discarded = len(discard_dead_letters(conn, parsed))
     if discarded:
         wake_local()

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from sqla_outbox.engines import create_engine
 from sqla_outbox.message import OutboxMessage
-from sqla_outbox.model import OutboxRow, metadata
+from sqla_outbox.model import SCHEMA_VERSION, OutboxRow, metadata
 from sqla_outbox.publishers.stdout import StdoutPublisher
 from sqla_outbox.relay import Relay
 from sqla_outbox.staging import enqueue
@@ -135,8 +135,10 @@ class _Story:
         self.say("\n1. Schema")
         self.say("   outbox.metadata.create_all(engine) created the outbox table (in production,")
         self.say(
-            "   op.create_outbox_table() in an Alembic migration); the shop has an 'orders' table."
+            f"   op.create_outbox_table(version={SCHEMA_VERSION}) in an Alembic migration: name "
+            "the version, a bare call"
         )
+        self.say("   creates version 1); the shop has an 'orders' table.")
 
     # 2 -----------------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ only column-level ``UPDATE`` on the outbox's columns is refused although the rel
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,7 +52,11 @@ from sqlalchemy.exc import ArgumentError
 from sqla_outbox.engines import create_engine, hide_password
 from sqla_outbox.errors import ConfigurationError, MissingPrivilegeError
 from sqla_outbox.queries.terms import outbox_table
-from sqla_outbox.schema_errors import missing_table_error, outdated_table_error
+from sqla_outbox.schema_errors import (
+    missing_table_error,
+    outdated_table_error,
+    raise_if_missing_table,
+)
 from sqla_outbox.versions import SCHEMA_VERSION, inspected_version
 
 __all__ = [
@@ -61,6 +66,7 @@ __all__ = [
     "SUPPORTED_DATABASES",
     "check_dialect",
     "check_outbox_table",
+    "checked_transaction",
     "database_url",
     "engine_from_url",
     "operator_engine",
@@ -82,6 +88,9 @@ BIND_FIX = f"Pass an Engine or a URL such as {_EXAMPLE} or sqlite:///path/to/app
 # UPDATEs; pending() reads. ``status`` only reads.
 RELAY_PRIVILEGES = ("SELECT", "UPDATE")
 STATUS_PRIVILEGES = ("SELECT",)
+
+_UNCLOSED_IPV6 = re.compile(r"(?:@|//)\[[^\]/?#]*(?:[/?#]|$)")
+"""A host that opens an IPv6 bracket and never closes it before the path, query or end."""
 
 _BACKENDS = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL", "mariadb": "MariaDB"}
 # The driver of the same library that runs without asyncio, by (backend, async driver).
@@ -113,6 +122,11 @@ def database_url(url: str | URL, *, source: str = "bind", fix: str = BIND_FIX) -
     except ArgumentError as error:
         raise ConfigurationError(f"{what} is not a database URL. {fix}") from error
     except ValueError as error:  # SQLAlchemy's int(port)
+        if _UNCLOSED_IPV6.search(str(url)):
+            raise ConfigurationError(
+                f"{what} is not a database URL: its IPv6 host has no closing ']'. Write the "
+                "address in brackets, then the port, e.g. postgresql+psycopg://user@[::1]:5432/db."
+            ) from error
         raise ConfigurationError(
             f"{what} is not a database URL: its port must be a whole number from 1 to "
             f"{_MAX_PORT}. {fix}"
@@ -349,3 +363,15 @@ def _check_version(conn: Connection, name: str, schema: str | None, minimum: int
 
 def _and(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+@contextmanager
+def checked_transaction(
+    bind: Engine | str | URL, privileges: Sequence[str], needed_by: str
+) -> Iterator[Connection]:
+    """A transaction on ``bind`` (see :func:`operator_engine`) after the table's checks: a
+    missing table, a missing privilege or an older schema is one sentence with the fix, raised
+    before the operator call reads or changes anything."""
+    with operator_engine(bind) as engine, raise_if_missing_table(engine), engine.begin() as conn:
+        check_outbox_table(conn, privileges, needed_by=needed_by)
+        yield conn

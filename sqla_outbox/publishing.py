@@ -210,7 +210,8 @@ def refuse_awaitable(sent: object) -> None:
     raise TypeError(
         f"the publisher returned {shown} instead of publishing: "
         "the relay calls it synchronously and never awaits, so nothing was sent. Make the "
-        "publisher return once the broker has the message (docs/publishers.md)."
+        "publisher return once the broker has the message (the Publishers page of the "
+        "documentation)."
     )
 
 

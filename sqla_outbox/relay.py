@@ -179,7 +179,9 @@ class Relay:
         messages of its own transaction and of its ``ordering_key``. ``"strict"``: the first
         failed message holds back every later one.
     :param max_publish_attempts: failed publishes after which a row becomes a dead letter;
-        ``None`` retries for ever.
+        ``None`` retries for ever. It bounds the relay's attempts to hand a message to the
+        broker; ``enqueue(max_attempts=...)`` is another thing, a field for the consumer (how
+        often the job may run), which the relay only carries.
     :param retry_base: seconds; a row that failed ``n`` times waits ``min(retry_base * 2 **
         (n - 1), retry_max)`` before it is claimed again.
     :param retry_max: seconds, the longest retry backoff.
@@ -580,12 +582,27 @@ class Relay:
     # -- the loop ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Run passes in a background thread until :meth:`stop`."""
+        """Run passes in a background thread until :meth:`stop`.
+
+        Raises :class:`MissingTableError`, :class:`SchemaVersionError` or
+        :class:`MissingPrivilegeError` first when the table cannot serve this relay: a loop
+        would only log the same error for ever. A database that cannot be reached now is left
+        to the loop, which retries it with backoff.
+        """
         if self._thread is not None and self._thread.is_alive():
             return
+        self._refuse_unusable_table()
         self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name=self.relay_id, daemon=True)
         self._thread.start()
+
+    def _refuse_unusable_table(self) -> None:
+        """:meth:`check`, except that a database error (unreachable, failing over) is left to
+        the loop, which logs it and retries."""
+        try:
+            self.check()
+        except SQLAlchemyError:
+            log.debug("the start-up check could not run; the loop retries", exc_info=True)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the loop and wait for the pass in flight to finish and write its marks.
@@ -619,6 +636,7 @@ class Relay:
             self._stopping.clear()
             if once:
                 return self._drain()
+            self._refuse_unusable_table()
             self._loop()
             return PassResult()
         finally:

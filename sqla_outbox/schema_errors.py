@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Connection, Engine, Table
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import MissingTableError, SchemaVersionError
@@ -81,6 +81,38 @@ def is_missing_table(error: DBAPIError) -> bool:
     if _mysql_error_number(error) == _MYSQL_NO_SUCH_TABLE:
         return True
     return "no such table" in str(error.orig)
+
+
+_REFUSED_LOGIN = ("28", "3D")
+"""SQLSTATE classes of a server that answered and refused: bad credentials (28), no such
+database (3D). Waiting does not fix them."""
+_PG_REFUSED_LOGIN = re.compile(
+    r"FATAL: +(?:(?:database|role) \"[^\"]*\" does not exist|password authentication failed"
+    r"|no pg_hba\.conf entry|permission denied for database|.* authentication failed)"
+)
+_MYSQL_REFUSED_LOGIN = frozenset({1044, 1045, 1049})
+"""MySQL/MariaDB: access denied to the database (1044) or for the user (1045), unknown
+database (1049)."""
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True if ``error`` says the database could not be reached or dropped the connection (a
+    server down or restarting, a connection killed, a network fault): something that waiting can
+    fix. False for a server that answered and refused (bad credentials, no such database), for
+    SQLite (no server to wait for) and for any other error."""
+    if not isinstance(error, OperationalError):
+        return False
+    orig = error.orig
+    if type(orig).__module__.startswith("sqlite3"):
+        return False
+    number = _mysql_error_number(error)
+    if number is not None:
+        return number not in _MYSQL_REFUSED_LOGIN
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(sqlstate, str):
+        return not sqlstate.startswith(_REFUSED_LOGIN)
+    # A refused login carries no SQLSTATE through libpq's connect: only its text says it.
+    return _PG_REFUSED_LOGIN.search(str(orig)) is None
 
 
 def is_permission_denied(error: DBAPIError) -> bool:

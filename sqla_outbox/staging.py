@@ -244,6 +244,11 @@ def enqueue(
     sharing it are published in staging order across transactions and relays (a held-back one
     holds back only its own key and transaction). See the module documentation for savepoints
     and rollbacks.
+
+    ``max_attempts`` is for the **consumer**: it travels with the message (a Celery task's
+    retries, a header elsewhere) and says how often the job may be run. It is not how often the
+    relay tries to *publish* the message: that is the relay's ``max_publish_attempts``, after
+    which the message becomes a dead letter.
     """
     target, is_async = _resolve(session)
     options: dict[str, Any] = {

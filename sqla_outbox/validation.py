@@ -173,7 +173,9 @@ def _job_label(job: str) -> str:
 
 _NUL = "a NUL character ('\\x00')"
 _NUL_FIX = (
-    "PostgreSQL stores NUL in neither text nor jsonb; remove it (e.g. value.replace('\\x00', "
+    "The outbox refuses NUL on every database, so that a call accepted on one (SQLite in "
+    "development) is not refused on another (PostgreSQL's text and jsonb cannot hold it); "
+    "remove it (e.g. value.replace('\\x00', "
     "'')), or encode binary data first (e.g. base64)."
 )
 _SURROGATE_FIX = (

@@ -287,6 +287,19 @@ def run_cli(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("Error:")]
+
+
+def assert_one_clean_error(result: subprocess.CompletedProcess[str]) -> str:
+    """Non-zero exit, no traceback, exactly one ``Error:`` line; return that line."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def url_of(engine: Engine) -> str:
     return engine.url.render_as_string(hide_password=False)
 

@@ -27,7 +27,16 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
-from support import REPO, cli_command, cli_env, run_cli, stage_inputs, url_of
+from support import (
+    REPO,
+    assert_one_clean_error,
+    cli_command,
+    cli_env,
+    error_lines,
+    run_cli,
+    stage_inputs,
+    url_of,
+)
 
 import sqla_outbox as outbox
 from sqla_outbox.cli import main
@@ -80,19 +89,6 @@ def all_rows(engine: Engine) -> list[outbox.OutboxRow]:
     with Session(engine) as session:
         stmt = select(outbox.OutboxRow).order_by(outbox.OutboxRow.staged_at, outbox.OutboxRow.id)
         return list(session.scalars(stmt))
-
-
-def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("Error:")]
-
-
-def assert_one_clean_error(result: subprocess.CompletedProcess[str]) -> str:
-    """Non-zero exit, no traceback, exactly one ``Error:`` line; return that line."""
-    assert result.returncode != 0, result
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = error_lines(result.stderr)
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.fixture
@@ -375,7 +371,7 @@ def test_unreachable_database_is_one_sentence_with_the_password_hidden(command: 
 MALFORMED_URLS = [
     ("postgresql+psycopg://app:hunter2@db:abc/shop", "its port must be a whole number"),
     ("postgresql+psycopg://app:hunter2@db:/shop", "its port must be a whole number"),
-    ("postgresql+psycopg://app:hunter2@[::1/shop", "its port must be a whole number"),
+    ("postgresql+psycopg://app:hunter2@[::1/shop", "its IPv6 host has no closing ']'"),
     ("postgresql+psycopg://app:hunter2@db:0/shop", "has the port 0, which is not from 1"),
     ("postgresql+psycopg://app:hun@ter2@db/shop", "write it as %40"),
     ("postgres://app:hunter2@db/shop", "write postgresql+psycopg:// instead"),
@@ -544,6 +540,10 @@ def test_status_reports_pending_due_and_failing(engine: Engine) -> None:
     assert dt.datetime.fromisoformat(holding["retry_at"]) > dt.datetime.now(dt.timezone.utc)
     assert holding["dead_at"] is None
     assert "broker rejected" in holding["last_error"]
+    # The library's status() is the object the command prints.
+    library = outbox.status(engine).to_dict()
+    assert library.pop("oldest_pending_age_seconds") >= report.pop("oldest_pending_age_seconds")
+    assert library == report
 
     table = run_cli("status", url=url_of(engine))
     assert table.returncode == 0, table.stderr

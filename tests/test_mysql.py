@@ -2,10 +2,9 @@
 the operator commands (``status``, the metrics' backlog, dead letters, ``purge``).
 
 Database tests run on the MariaDB server of ``conftest.py`` (a fresh database per test, through
-PyMySQL) and are skipped, with the reason, without it. Nothing is mocked. What MySQL/MariaDB
-does not have yet is the relay (its store and claim protocol): it refuses them at start, pinned
-at the end of this file, after the statements such a relay will run (the parked-row sweep and
-the idle query).
+PyMySQL) and are skipped, with the reason, without it. Nothing is mocked. The relay's store on
+MySQL/MariaDB runs the conformance and property suites of ``tests/stores``; this module pins the
+statements it runs besides the claim (the parked-row sweep and the idle query).
 
 The staging suite of ``test_staging.py`` runs here in full on MariaDB: its test classes are
 imported below, and this module's ``engine`` fixture hands them a MariaDB engine instead of
@@ -834,6 +833,15 @@ def test_status_reports_every_state_as_on_postgresql(
     for engine in (mariadb_engine, pg_engine):
         Backlog(engine)
         reports[engine.dialect.name] = status_json(capsys, engine)
+        # The library's status() is the object the command prints (ages read a moment later).
+        library = outbox.status(engine).to_dict()
+        printed = dict(reports[engine.dialect.name])
+        assert library.pop("oldest_pending_age_seconds") >= printed.pop(
+            "oldest_pending_age_seconds"
+        )
+        for relay in library["relays"] + printed["relays"]:
+            relay.pop("claim_age_seconds")
+        assert library == printed
     mariadb = reports.pop("mysql")
     postgresql = reports.pop("postgresql")
 

@@ -10,13 +10,12 @@ Every option is also read from an environment variable (``SQLA_OUTBOX_URL``,
 
 Errors a user can cause print one sentence with the fix on stderr and exit non-zero: ``2`` for
 a bad option (a malformed ``--url``, a database other than PostgreSQL, SQLite, MySQL or MariaDB,
-MySQL or MariaDB for ``relay``, which does not run there yet, a driver that is not installed or is
-asyncio-only, a publisher that cannot be imported), ``1`` for the rest (an unreachable database, a
-missing table, a role without the privileges the command needs). The
-URL and the table are checked before the command starts (:mod:`sqla_outbox.preflight`), so a
-relay that cannot work exits at once instead of logging the same error forever. They never print
-a traceback; a traceback means a bug in sqla-outbox. Database URLs are always shown with the
-password hidden.
+a driver that is not installed or is asyncio-only, a publisher that cannot be imported), ``1``
+for the rest (an unreachable database, a missing table, a role without the privileges the
+command needs). The URL and the table are checked before the command starts
+(:mod:`sqla_outbox.preflight`), so a relay that cannot work exits at once instead of logging the
+same error forever. They never print a traceback; a traceback means a bug in sqla-outbox.
+Database URLs are always shown with the password hidden.
 
 Exit codes of ``relay``: ``0`` after ``--once`` published everything due, or after SIGINT or
 SIGTERM (the pass in flight finishes and its marks are written first); ``1`` if a publish failed

@@ -267,12 +267,39 @@ ERROR_SHOWN = 60
 """Characters of a ``last_error`` a table shows (its first line)."""
 
 
+_URL_IN_TEXT = re.compile(r"\b([a-z][a-z0-9+.-]*)://(?:[^@/\s]*@)?([^/?#\s'\"]+)([^\s'\"]*)")
+
+
 def first_line(text: str | None, width: int = ERROR_SHOWN) -> str:
-    """The first line of ``text``, cut to ``width``: a traceback in ``last_error`` keeps a table
-    readable."""
+    """The first line of ``text``, fitted to ``width``: a traceback in ``last_error`` keeps a
+    table readable.
+
+    A broker's error names the address, then the reason ("... to redis://host:6379/0?...:
+    Connection refused"), so what gives way is the address, not the reason: each URL is
+    shortened to its scheme and host (credentials, path and query dropped), and a line with a
+    URL still too long keeps its start and its end, cut in the middle. Any other line keeps its
+    start.
+    """
     lines = (text or "").strip().splitlines()
     line = lines[0] if lines else "-"
-    return line if len(line) <= width else line[: width - 1] + "…"
+    if len(line) <= width:
+        return line
+    shortened, urls = _URL_IN_TEXT.subn(_short_url, line)
+    if len(shortened) <= width:
+        return shortened
+    if not urls:
+        return line[: width - 1] + "…"
+    head = width // 3
+    return shortened[:head] + "…" + shortened[len(shortened) - (width - head - 1) :]
+
+
+def _short_url(url: re.Match[str]) -> str:
+    """``scheme://host[:port]``, then ``/…`` if a path or query followed; punctuation that
+    ended the sentence after the URL is kept."""
+    whole = url[2] + url[3]
+    end = whole.rstrip(":,;.)")
+    host, rest = end[: len(url[2])], end[len(url[2]) :]
+    return f"{url[1]}://{host}{'/…' if rest.strip('/') else ''}{whole[len(end) :]}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import click
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.exc import OperationalError
 
 from sqla_outbox.cli.common import (
     LOG_LEVELS,
@@ -30,14 +33,17 @@ from sqla_outbox.cli.common import (
     require_url,
     url_option,
 )
+from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError, PublisherError
-from sqla_outbox.logs import LOG_FORMATS, log_event
+from sqla_outbox.logs import LOG_FORMATS, error_line, log_event
 from sqla_outbox.metrics import PROMETHEUS_MISSING, prometheus_available
 from sqla_outbox.publishers import PublisherLike
 from sqla_outbox.publishers.loader import resolve_publisher
+from sqla_outbox.publishers.routing import Router
 from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.relay import Relay
 from sqla_outbox.retries import DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX
+from sqla_outbox.schema_errors import is_unreachable
 
 __all__ = ["relay"]
 
@@ -69,9 +75,39 @@ def _publisher_help() -> str:
             "A broker needs its [extra] installed, e.g.",
             'pip install "sqla-outbox[redis]" for redis://.',
             "",
-            "Each broker's URL options: docs/brokers/.",
+            "Each broker's URL options: the Brokers pages of the documentation.",
         ]
     )
+
+
+def _publisher(ctx: click.Context, spec: str | None, routes: tuple[str, ...]) -> PublisherLike:
+    """The publisher ``--publisher`` and ``--route`` name: a :class:`Router` when routes are
+    given (``spec`` its default), else ``spec``'s."""
+    try:
+        default = None if spec is None else resolve_publisher(spec)
+        if not routes:
+            assert default is not None  # the caller required one of them
+            return default
+        by_queue: dict[str, PublisherLike] = {}
+        for route in routes:
+            queue, equals, target = route.partition("=")
+            if not equals or not queue.strip() or not target.strip():
+                raise click.BadParameter(
+                    f"{route!r} is not QUEUE=SPEC. Pass e.g. --route emails=redis://localhost "
+                    "(the queue name, '=', then any --publisher form).",
+                    ctx,
+                    param_hint="'--route'",
+                )
+            if queue.strip() in by_queue:
+                raise click.BadParameter(
+                    f"queue {queue.strip()!r} is routed twice. Give each queue one --route.",
+                    ctx,
+                    param_hint="'--route'",
+                )
+            by_queue[queue.strip()] = resolve_publisher(target)
+        return Router(by_queue, default=default)
+    except PublisherError as error:
+        raise click.UsageError(str(error), ctx) from error
 
 
 class _AttemptsType(click.ParamType[int | None, Any]):
@@ -101,6 +137,17 @@ class _AttemptsType(click.ParamType[int | None, Any]):
     show_envvar=True,
     metavar="SPEC",
     help=_publisher_help(),
+)
+@click.option(
+    "--route",
+    "routes",
+    multiple=True,
+    envvar=env("ROUTE"),
+    show_envvar=True,
+    metavar="QUEUE=SPEC",
+    help="Send the messages of QUEUE to the publisher SPEC (any --publisher form); repeatable. "
+    "--publisher then takes every other queue; without it, a message of a queue with no route "
+    "is a failed publish naming its queue. Order per transaction and key holds across routes.",
 )
 @click.option(
     "--batch-size",
@@ -156,7 +203,7 @@ class _AttemptsType(click.ParamType[int | None, Any]):
     envvar=env("OVERLAP"),
     show_envvar=True,
     help="Claim the next rows while a pass publishes. Default: on for the bundled brokers "
-    "where it was measured to pay (docs/performance.md), off otherwise.",
+    "where it was measured to pay (the documentation's Performance page), off otherwise.",
 )
 @click.option(
     "--max-publish-attempts",
@@ -167,7 +214,8 @@ class _AttemptsType(click.ParamType[int | None, Any]):
     show_envvar=True,
     metavar=f"N|{NEVER}",
     help=f"Failed publishes after which a message becomes a dead letter (see `sqla-outbox dead "
-    f"--help`); '{NEVER}' retries it for ever.",
+    f"--help`); '{NEVER}' retries it for ever. Not the message's max_attempts, which is for the "
+    "consumer (how often the job may run) and only carried.",
 )
 @click.option(
     "--retry-base",
@@ -250,6 +298,7 @@ def relay(
     *,
     url: str | None,
     publisher: str | None,
+    routes: tuple[str, ...],
     batch_size: int,
     poll_interval: float,
     claim_lease: float,
@@ -279,20 +328,18 @@ def relay(
     database_url = require_url(ctx, url)
     if metrics_port is not None and not prometheus_available():
         raise click.UsageError(f"--metrics-port: {PROMETHEUS_MISSING}", ctx)
-    if not publisher:
+    if not publisher and not routes:
         raise click.UsageError(
             f"Missing option '--publisher'. Pass --publisher stdout (or module:attribute, or a "
-            f"broker URL: see --help), or set {env('PUBLISHER')}.",
+            f"broker URL: see --help), or set {env('PUBLISHER')}; or route queues with "
+            "--route QUEUE=SPEC.",
             ctx,
         )
     # ``python -m`` puts the working directory on sys.path; a console script does not. Add it,
     # as application servers do, so --publisher myapp.publishers:publish works from the project.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        target = resolve_publisher(publisher)
-    except PublisherError as error:
-        raise click.UsageError(str(error), ctx) from error
+    target = _publisher(ctx, publisher, routes)
     engine = engine_for(ctx, database_url)
     with logging_to_stderr(log_level, log_format):
         outbox_relay = _build_relay(
@@ -312,13 +359,11 @@ def relay(
             retain_published=retain_published,
         )
         try:
-            with database_errors(database_url):
-                outbox_relay.check()
-            with (
-                _serving(outbox_relay, metrics_host, metrics_port),
-                database_errors(database_url, "while relaying", RETRY_FIX),
-            ):
-                result = outbox_relay.run(once=once)
+            with _serving(outbox_relay, metrics_host, metrics_port):
+                if not _check_once_reachable(outbox_relay, database_url, once=once):
+                    return 0  # stopped by a signal while waiting for the database
+                with database_errors(database_url, "while relaying", RETRY_FIX):
+                    result = outbox_relay.run(once=once)
             if once:
                 log_event(
                     log,
@@ -333,6 +378,50 @@ def relay(
         finally:
             outbox_relay.close()
             engine.dispose()
+
+
+def _check_once_reachable(outbox_relay: Relay, url: URL, *, once: bool) -> bool:
+    """The table's checks before the first pass, once the database can be reached; ``False``
+    if SIGINT or SIGTERM came first.
+
+    A database that cannot be reached yet (a server starting or failing over, a connection
+    killed during start-up) is waited for, with the backoff the relay's loop uses when one goes
+    away later, each attempt logged as ``relay.database_unavailable`` (``/healthz`` answers 503
+    meanwhile): a supervisor that starts the relay with the database gets a relay, not a
+    restart loop. A server that answered and refused (bad credentials, no such database), a
+    missing or older table and missing privileges end the command at once (exit 1): waiting
+    would not fix them. ``--once``, a one-off drain, does not wait either.
+    """
+    stop = threading.Event()
+    previous = {
+        signum: signal.signal(signum, lambda *_: stop.set())
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    backoff = outbox_relay.poll_interval
+    try:
+        with database_errors(url):
+            while True:
+                try:
+                    outbox_relay.check()
+                    return True
+                except OperationalError as error:
+                    if once or not is_unreachable(error):
+                        raise
+                    log_event(
+                        log,
+                        logging.WARNING,
+                        "relay.database_unavailable",
+                        relay=outbox_relay.relay_id,
+                        url=hide_password(url),
+                        retry_in=round(backoff, 3),
+                        error=error_line(error),
+                    )
+                if stop.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, outbox_relay.max_backoff)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _build_relay(

@@ -7,12 +7,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import click
 from sqlalchemy.engine import URL, Engine
 
+from sqla_outbox.backlog import OutboxStatus, read_status
 from sqla_outbox.cli.common import (
     engine_for,
     env,
@@ -25,79 +24,17 @@ from sqla_outbox.cli.common import (
     table,
     url_option,
 )
-from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.preflight import (
     STATUS_PRIVILEGES,
 )
 from sqla_outbox.settings import resolve_claim_lease
-from sqla_outbox.stores.operating import operations_for
 
-__all__ = ["THRESHOLD_CROSSED", "HoldingRow", "OutboxStatus", "RelayClaims", "status"]
+__all__ = ["THRESHOLD_CROSSED", "status"]
 
 
 THRESHOLD_CROSSED = 3
 """Exit code of ``status`` when a ``--max-age`` or ``--max-dead`` threshold is crossed."""
-
-HOLDING_SHOWN = 10
-"""Failed rows ``status`` lists (the first, in claim order); ``failing`` counts them all."""
-
-
-@dataclass
-class RelayClaims:
-    """Unpublished rows one relay holds, over all its live claims (fence tokens)."""
-
-    relay_id: str
-    claims: int
-    rows_held: int
-    claim_age_seconds: float
-    lapsed: bool
-
-
-@dataclass
-class HoldingRow:
-    """A failed, unpublished row: it holds back the later rows of its transaction and key.
-
-    ``state`` is ``dead`` (a dead letter: waits for ``sqla-outbox dead retry|discard``),
-    ``backing_off`` (``retry_at`` is still ahead) or ``due`` (its backoff is over: the next
-    claim retries it). Timestamps are ISO 8601 text.
-    """
-
-    id: str
-    job: str
-    queue: str
-    ordering_key: str | None
-    attempts: int
-    state: str
-    retry_at: str | None
-    dead_at: str | None
-    last_error: str | None
-
-
-@dataclass
-class OutboxStatus:
-    """What ``sqla-outbox status`` reports; ``--json`` prints exactly these fields.
-
-    ``due`` counts the rows a relay could claim now: not dead, not parked, past ``run_at`` and
-    any retry backoff. ``oldest_pending_age_seconds`` is how long the longest-waiting due row
-    has been due (since it was staged, or since its ``run_at`` if later; a row failing or dead
-    counts, a row scheduled for later does not): what ``--max-age`` compares. ``backing_off``
-    rows wait out a retry backoff; ``dead`` rows are dead letters; ``parked`` rows are held back
-    behind a failed or dead row. ``holding`` lists the first :data:`HOLDING_SHOWN` failed rows
-    (of ``failing``), in claim order.
-    """
-
-    url: str
-    pending: int
-    due: int
-    oldest_pending_age_seconds: float | None
-    failing: int
-    backing_off: int
-    dead: int
-    parked: int
-    claim_lease_seconds: float
-    relays: list[RelayClaims] = field(default_factory=list)
-    holding: list[HoldingRow] = field(default_factory=list)
 
 
 @click.command()
@@ -157,7 +94,7 @@ def status(
     finally:
         engine.dispose()
     if as_json:
-        click.echo(json.dumps(asdict(report), indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(_status_table(report))
     crossed = _thresholds_crossed(report, max_age, max_dead)
@@ -191,55 +128,7 @@ def _collect_status(engine: Engine, url: URL, lease: dt.timedelta) -> OutboxStat
         needed_by="sqla-outbox status",
         doing="while reading the outbox",
     ) as conn:
-        # Leases and ages are measured on the clock that rules there (sqla_outbox.clock).
-        now, counts, claims, holding = operations_for(engine.dialect.name).status(
-            conn, HOLDING_SHOWN
-        )
-    by_relay: dict[str, RelayClaims] = {}
-    for token, held, claimed_at in claims:
-        relay_id = str(token).rpartition(":")[0] or str(token)  # tokens: <relay_id>:<16 hex>
-        age = (now - claimed_at).total_seconds()
-        entry = by_relay.setdefault(relay_id, RelayClaims(relay_id, 0, 0, age, False))
-        entry.claims += 1
-        entry.rows_held += held
-        entry.claim_age_seconds = round(max(entry.claim_age_seconds, age), 3)
-        entry.lapsed = entry.lapsed or age > lease.total_seconds()
-    oldest = counts.oldest_due_at
-    return OutboxStatus(
-        url=hide_password(url),
-        pending=counts.pending,
-        due=counts.due,
-        oldest_pending_age_seconds=None
-        if oldest is None
-        else round((now - oldest).total_seconds(), 3),
-        failing=counts.failing,
-        backing_off=counts.backing_off,
-        dead=counts.dead,
-        parked=counts.parked,
-        claim_lease_seconds=lease.total_seconds(),
-        relays=list(by_relay.values()),
-        holding=[_holding_row(row, now) for row in holding],
-    )
-
-
-def _holding_row(row: Any, now: dt.datetime) -> HoldingRow:
-    if row.dead_at is not None:
-        state = "dead"
-    elif row.retry_at is not None and row.retry_at > now:
-        state = "backing_off"
-    else:
-        state = "due"
-    return HoldingRow(
-        id=str(row.id),
-        job=row.job,
-        queue=row.queue,
-        ordering_key=row.ordering_key,
-        attempts=row.attempts,
-        state=state,
-        retry_at=None if row.retry_at is None else row.retry_at.isoformat(),
-        dead_at=None if row.dead_at is None else row.dead_at.isoformat(),
-        last_error=row.last_error,
-    )
+        return read_status(conn, lease)
 
 
 def _status_table(report: OutboxStatus) -> str:

@@ -41,8 +41,10 @@ from sqla_outbox.message import OutboxMessage
 
 __all__ = [
     "BatchPublisher",
+    "NoRouteError",
     "Publisher",
     "PublisherLike",
+    "Router",
     "batch_function",
     "check_synchronous",
     "publish_function",
@@ -127,5 +129,10 @@ def check_synchronous(
             f"{function!r}: the relay calls it in its own thread, and a coroutine that nobody "
             f"awaits {does}. Run it on an event loop from a plain function, e.g. "
             f"asyncio.run_coroutine_threadsafe({call}, loop).result() with a loop "
-            "running in another thread, or use a bundled publisher (docs/publishers.md)."
+            "running in another thread, or use a bundled publisher (the Publishers page of the "
+            "documentation)."
         )
+
+
+# Last: routing builds on the names above (it imports this module).
+from sqla_outbox.publishers.routing import NoRouteError, Router  # noqa: E402

@@ -524,7 +524,7 @@ class KafkaPublisher:
         except (confluent_kafka.KafkaException, ValueError, TypeError) as error:
             raise PublisherError(
                 f"The Kafka producer for {self._shown} cannot be built: {describe(error)}; "
-                "check the URL options and config against docs/brokers/kafka.md."
+                "check the URL options and config against the Kafka page of the documentation."
             ) from error
 
     def _producer_now(self) -> confluent_kafka.Producer:

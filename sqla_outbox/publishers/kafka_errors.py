@@ -131,4 +131,10 @@ def broker_fix(error: Any, topic: str) -> str:
         return f"grant the URL's user WRITE on topic {topic!r}"
     if name in ("MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"):
         return "raise the topic's max.message.bytes or make the input smaller"
+    if name in ("TOPIC_EXCEPTION", "INVALID_TOPIC_EXCEPTION", "_INVALID_ARG"):
+        return (
+            f"topic {topic!r} is not a valid Kafka topic name: 1 to 249 characters, each an "
+            "ASCII letter, digit, '.', '_' or '-', and not '.' or '..'; route the message's "
+            "queue to a valid topic (the URL's topic option or the queue name) and retry it"
+        )
     return "make the record acceptable to the topic (its schema or policy) or discard it"

@@ -92,7 +92,8 @@ def _broker_publisher(scheme: str, url: str) -> PublisherLike:
     except Exception as error:
         raise PublisherError(
             f"Could not create the {scheme} publisher for {shown!r}: "
-            f"{type(error).__name__}: {error}. Check the URL against docs/brokers/."
+            f"{type(error).__name__}: {error}. Check the URL against its broker's page of the "
+            "documentation."
         ) from error
     return publisher
 

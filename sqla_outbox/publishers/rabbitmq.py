@@ -427,7 +427,7 @@ def _connection_parameters(pika_url: str, shown: str) -> Any:
         raise PublisherError(
             f"RabbitMQ URL {shown!r} has a bad option ({error}); the options are exchange and "
             "pika's connection options (heartbeat, blocked_connection_timeout, socket_timeout, "
-            "connection_attempts, ...), see docs/brokers/rabbitmq.md."
+            "connection_attempts, ...), see the RabbitMQ page of the documentation."
         ) from error
     query = dict(parse_qsl(urlsplit(pika_url).query, keep_blank_values=True))
     if "blocked_connection_timeout" not in query:

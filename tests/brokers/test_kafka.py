@@ -506,3 +506,19 @@ def test_a_missing_client_is_reported_with_the_install_line(
     monkeypatch.setattr(kafka, "_CLIENT_INSTALLED", False)
     with pytest.raises(PublisherError, match=r'pip install "sqla-outbox\[kafka\]"'):
         KafkaPublisher()
+
+
+def test_an_invalid_topic_name_names_the_topic_and_the_naming_rule(tansu: Tansu) -> None:
+    """A queue whose topic is not a valid Kafka topic name is a message failure whose fix names
+    the topic and Kafka's naming rule, not the record's schema."""
+    publisher = from_url(tansu.url(delivery_timeout="6"))
+    topic = "orders placed!"
+    try:
+        with pytest.raises(PublishError) as info:
+            publisher.publish(message_for(topic, 1))
+    finally:
+        publisher.close()
+    assert not is_outage(info.value)
+    sentence = one_sentence(info.value)
+    assert f"topic {topic!r} is not a valid Kafka topic name" in sentence, sentence
+    assert "ASCII letter, digit, '.', '_' or '-'" in sentence
