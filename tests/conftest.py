@@ -4,14 +4,22 @@ torn down.
 PostgreSQL comes from pytest-postgresql. As root ``initdb`` cannot run, so by default the
 fixtures use the server already running (``postgresql_noproc``); host, port, user and password
 come from ``SQLA_OUTBOX_PG_HOST``/``_PORT``/``_USER``/``_PASSWORD``. A non-root user with no
-server configured gets a throwaway one from ``postgresql_proc``. Each test receives its own
-database, created and dropped by pytest-postgresql; a test that needs PostgreSQL is skipped with
-the reason when the server cannot be reached.
+server configured gets a throwaway one from ``postgresql_proc``. Each test process (each
+pytest-xdist worker) has one database, created by pytest-postgresql's janitor and dropped at the
+end; every test that asks for PostgreSQL gets it emptied first: its other connections ended and
+every schema dropped, ``public`` made again as a new database has it. Emptying takes a few
+milliseconds where creating a database from a template takes a few hundred, which with over a
+thousand PostgreSQL tests is most of a run. A test that needs PostgreSQL is skipped with the
+reason when the server cannot be reached or pytest-postgresql is not installed.
 
 MariaDB (or MySQL) is the server on ``SQLA_OUTBOX_MYSQL_HOST``/``_PORT``/``_USER``/``_PASSWORD``
 (default ``root`` at 127.0.0.1:3306, no password), reached through PyMySQL (the ``mysql``
 extra). Each test that asks for it gets its own database, created here and dropped after it; a
 test is skipped with the reason when PyMySQL is not installed or the server cannot be reached.
+
+Markers (``pyproject.toml``): tests that use a PostgreSQL or MariaDB fixture are marked ``db``
+here, those under ``tests/brokers`` ``broker``; ``pytest -m "not db and not broker and not
+slow"`` is the fast tier, which needs no service and not even the database test extras.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pytest_postgresql import factories
+from psycopg import sql
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from support import MakeRelay
@@ -32,29 +40,61 @@ from support import MakeRelay
 import sqla_outbox as outbox
 from sqla_outbox.engines import create_engine
 
+try:
+    from pytest_postgresql import factories
+    from pytest_postgresql.janitor import DatabaseJanitor
+except ImportError:  # the fast tier runs without the database test extras
+    factories = None
+
 PG_HOST = os.environ.get("SQLA_OUTBOX_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("SQLA_OUTBOX_PG_PORT", "5432"))
 PG_USER = os.environ.get("SQLA_OUTBOX_PG_USER", "postgres")
 PG_PASSWORD = os.environ.get("SQLA_OUTBOX_PG_PASSWORD", "")
 USE_RUNNING_SERVER = os.geteuid() == 0 or "SQLA_OUTBOX_PG_HOST" in os.environ
 
-if USE_RUNNING_SERVER:
-    postgresql_server = factories.postgresql_noproc(
-        host=PG_HOST,
-        port=PG_PORT,
-        user=PG_USER,
-        password=PG_PASSWORD,
-        # Per process, so two test runs against one server never share a template database.
-        dbname=f"sqla_outbox_test_{os.getpid()}",
-    )
-else:  # pragma: no cover - only for non-root developers without a server
-    postgresql_server = factories.postgresql_proc()
+if factories is not None:
+    if USE_RUNNING_SERVER:
+        postgresql_server = factories.postgresql_noproc(
+            host=PG_HOST,
+            port=PG_PORT,
+            user=PG_USER,
+            password=PG_PASSWORD,
+            # Per process, so two test runs (or workers) never share a database.
+            dbname=f"sqla_outbox_test_{os.getpid()}",
+        )
+    else:  # pragma: no cover - only for non-root developers without a server
+        postgresql_server = factories.postgresql_proc()
 
-postgresql = factories.postgresql("postgresql_server")
+DB_FIXTURES = frozenset(
+    {"pg_url", "pg_engine", "pg_core_engine", "mariadb_url", "mariadb_engine", "_pg_database"}
+)
+"""Fixtures that need a database server: a test using one (directly or through another
+fixture) is marked ``db``."""
+
+
+DB_PARAMS = frozenset({"postgresql", "pg-psycopg", "pg-core", "mariadb", "mysql"})
+"""Parameter values that run a test on a database server (``engine``, ``store_engine``, ...)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that need a server: ``db`` (PostgreSQL or MariaDB) and ``broker``."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        chosen = {value for value in params.values() if isinstance(value, str)}
+        if names & DB_FIXTURES or chosen & (DB_FIXTURES | DB_PARAMS):
+            item.add_marker(pytest.mark.db)
+        if "brokers" in item.path.parts:
+            item.add_marker(pytest.mark.broker)
 
 
 @pytest.fixture(scope="session")
 def _pg_reachable() -> None:
+    if factories is None:
+        pytest.skip(
+            "pytest-postgresql is not installed; pip install -e '.[dev]' to run the PostgreSQL "
+            "tests"
+        )
     if not USE_RUNNING_SERVER:
         return
     try:
@@ -73,19 +113,76 @@ def _pg_reachable() -> None:
         )
 
 
-@pytest.fixture
-def pg_url(_pg_reachable: None, request: pytest.FixtureRequest) -> URL:
-    """URL of a fresh, empty PostgreSQL database for this test (psycopg 3 driver)."""
-    conn: psycopg.Connection[object] = request.getfixturevalue("postgresql")
-    info = conn.info
-    return URL.create(
-        "postgresql+psycopg",
-        username=info.user,
-        password=info.password or None,
-        host=info.host,
-        port=info.port,
-        database=info.dbname,
+@pytest.fixture(scope="session")
+def _pg_database(_pg_reachable: None, request: pytest.FixtureRequest) -> Iterator[URL]:
+    """This process's PostgreSQL database (see the module docs), dropped at the end."""
+    server = request.getfixturevalue("postgresql_server")
+    janitor = DatabaseJanitor(
+        user=server.user,
+        host=server.host,
+        port=server.port,
+        dbname=f"{server.dbname}_tests",
+        maintenance_dbname=server.maintenance_dbname,
+        password=server.password,
     )
+    janitor.drop()  # left by a run that was killed
+    janitor.init()
+    url = URL.create(
+        "postgresql+psycopg",
+        username=server.user,
+        password=server.password or None,
+        host=server.host,
+        port=server.port,
+        database=f"{server.dbname}_tests",
+    )
+    yield url
+    _end_other_connections(url)
+    janitor.drop()
+
+
+def _connect(url: URL, dbname: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        host=url.host,
+        port=url.port,
+        user=url.username,
+        password=url.password or "",
+        dbname=dbname,
+        autocommit=True,
+    )
+
+
+def _end_other_connections(url: URL) -> None:
+    """End every other connection to ``url``'s database, waiting (up to 10 s each) until it is
+    gone, so that nothing a previous test left holds a lock or shows in ``pg_stat_activity``."""
+    with _connect(url, "postgres") as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (url.database,),
+        )
+
+
+def _empty(url: URL) -> None:
+    """``url``'s database as a new one is: no other connection, no schema but an empty
+    ``public`` (owned by ``pg_database_owner``, usable by every role, as PostgreSQL 15 makes
+    it)."""
+    _end_other_connections(url)
+    with _connect(url, str(url.database)) as conn:
+        schemas = conn.execute(
+            "SELECT nspname FROM pg_namespace "
+            "WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'"
+        ).fetchall()
+        for (schema,) in schemas:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        conn.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
+        conn.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
+
+
+@pytest.fixture
+def pg_url(_pg_database: URL) -> URL:
+    """URL of an empty PostgreSQL database for this test (psycopg 3 driver)."""
+    _empty(_pg_database)
+    return _pg_database
 
 
 def _with_outbox(url: URL) -> Iterator[Engine]:

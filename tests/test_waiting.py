@@ -267,7 +267,7 @@ def test_a_sweep_reads_no_more_than_the_head_of_the_claim_index(pg_engine: Engin
 
 @pytest.mark.parametrize("store", ["pg_engine", "sqlite_engine", "mariadb_engine"])
 def test_the_sweep_for_held_rows_reads_a_moving_window_of_the_parked_rows(
-    store: str, request: pytest.FixtureRequest, make_relay: MakeRelay
+    store: str, request: pytest.FixtureRequest
 ) -> None:
     """On PostgreSQL, SQLite and MariaDB, a sweep reads at most ``limit`` parked rows (rows parked
     until due included), after where the relay's previous sweep stopped, and starts again from
@@ -275,6 +275,9 @@ def test_the_sweep_for_held_rows_reads_a_moving_window_of_the_parked_rows(
     by hand here) is unparked by the sweep whose window reaches it, and again at the next
     cycle's first sweep when it is parked at the front."""
     engine: Engine = request.getfixturevalue(store)
+    # After the engine, so that its relays are closed (their held connection given back) before
+    # the engine is disposed of: fixtures are torn down in the reverse order of their setup.
+    make_relay: MakeRelay = request.getfixturevalue("make_relay")
     scheduled = enqueue_each(engine, [(f"later{n}", None, DAY) for n in range(5)])
     (orphan,) = enqueue_each(engine, [("orphan", None, None)])
     sweeper = make_relay(engine, Published())._statements

@@ -133,8 +133,11 @@ def values(spec: Spec, now: dt.datetime) -> dict[str, Any]:
         row.update(claimed_by="other:lapsed", claimed_at=now - hour)
     elif state == "backoff":
         row.update(attempts=1, retry_at=now + hour)
-    elif state == "brief_backoff":  # ends sooner than PARK_AFTER: not stuck
-        row.update(attempts=1, retry_at=now + dt.timedelta(seconds=0.5))
+    elif state == "brief_backoff":
+        # Ends sooner than PARK_AFTER (1 s), so the claim does not count it stuck, and as late
+        # as that allows: the case is written and claimed before it ends, even on a loaded
+        # machine (at 0.5 s, four test processes on two cores saw it end first).
+        row.update(attempts=1, retry_at=now + dt.timedelta(seconds=0.95))
     elif state == "retry_due":
         row.update(attempts=1, retry_at=now - hour)
     elif state == "dead":
