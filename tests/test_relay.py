@@ -233,6 +233,7 @@ def test_publish_failure_is_logged_with_counts(
     [(10, 100), (3, 5)],
     ids=["batches-of-whole-transactions", "batches-ending-inside-transactions"],
 )
+@pytest.mark.slow
 def test_two_relays_publish_every_row_exactly_once(
     engine: Engine, make_relay: MakeRelay, per_transaction: int, batch_size: int
 ) -> None:
@@ -1156,6 +1157,7 @@ def test_run_stops_gracefully_on_sigint_and_sigterm(
     assert not relays[0].is_alive()
 
 
+@pytest.mark.slow
 def test_the_loop_outlives_an_unexpected_error_outside_publishing(
     engine: Engine, make_relay: MakeRelay, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -17,11 +17,14 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 from support import recorded_ids
 
 import sqla_outbox as outbox
+
+pytestmark = pytest.mark.slow  # each test kills a relay process mid-batch and waits on it
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = 60

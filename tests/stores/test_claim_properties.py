@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, delete, insert, select
@@ -329,6 +330,7 @@ def store_for(
     return store
 
 
+@pytest.mark.slow
 def test_every_store_claims_what_the_plan_takes_and_keeps_the_rule(store_engine: Engine) -> None:
     """On thousands of random outboxes, each store's claim takes (in order) and parks (behind
     the same rows) exactly what the plan decides over the same windows, and what it takes

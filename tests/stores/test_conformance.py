@@ -322,6 +322,7 @@ def test_a_stale_claimant_is_fenced_off_and_publishes_nothing_more(
 # --- 3. SIGKILL mid-batch ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_relay_killed_mid_batch_loses_nothing_and_keeps_order(
     store_engine: Engine, make_relay: MakeRelay, tmp_path: Path
 ) -> None:
@@ -511,6 +512,7 @@ class OutlastsTheLease:
         self.ledger.record(self.name, messages)
 
 
+@pytest.mark.slow
 def test_renewal_keeps_a_claim_slower_than_its_lease_from_a_second_relay(
     store_engine: Engine, make_relay: MakeRelay
 ) -> None:
