@@ -20,7 +20,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import QueuePool
-from support import wait_until
+from support import run_cli, url_of, wait_until
 
 import alembic_ext  # noqa: F401 - registers the ops
 import sqla_outbox as outbox
@@ -276,3 +276,42 @@ def test_reconnect_backoff_resets_after_a_healthy_period(
         if getattr(r, "outbox_event", None) == "relay.listen_error"
     ]
     assert delays == [0.25, 0.5, 1.0, 2.0, 0.25]
+
+
+class RefusingUntilRetried(Waiter):
+    """Refuses ``refused`` until ``accept`` is set; counts what it published like a Waiter."""
+
+    def __init__(self, count: int, refused: uuid.UUID) -> None:
+        super().__init__(count)
+        self.refused = refused
+        self.accept = threading.Event()
+
+    def publish(self, message: OutboxMessage) -> None:
+        if message.id == self.refused and not self.accept.is_set():
+            raise RuntimeError("refused until retried")
+        super().publish(message)
+
+
+@pytest.mark.parametrize("action", ["retry", "discard"])
+def test_settling_a_dead_letter_from_elsewhere_wakes_a_listening_relay(
+    pg_engine: Engine, action: str
+) -> None:
+    """`sqla-outbox dead retry|discard`, run in another process, notifies in its transaction: a
+    relay that listens (and polls once a minute) publishes what it freed within a second."""
+    with Session(pg_engine) as session:
+        dead = outbox.enqueue(session, "first", ordering_key="k")
+        behind = outbox.enqueue(session, "second", ordering_key="k")
+        session.commit()
+    publisher = RefusingUntilRetried(1 if action == "discard" else 2, dead.id)
+    relay = outbox.Relay(pg_engine, publisher, poll_interval=SLOW_POLL, max_publish_attempts=1)
+    relay.start()
+    try:
+        wait_until(lambda: bool(outbox.dead_letters(pg_engine)), "the dead letter")
+        wait_until(lambda: not relay._wake.is_set(), "the relay idle")
+        publisher.accept.set()
+        done = run_cli("dead", action, "--all", url=url_of(pg_engine))
+        assert done.returncode == 0, done.stderr
+        assert publisher.done.wait(1.0), f"nothing published within 1 s of `dead {action}`"
+        assert publisher.seen[-1] == behind.id
+    finally:
+        relay.stop()

@@ -15,6 +15,7 @@ from sqlalchemy import (
     ColumnElement,
     Delete,
     Select,
+    String,
     Update,
     and_,
     any_,
@@ -49,6 +50,7 @@ __all__ = [
     "dead_letters_stmt",
     "delete_dead_stmt",
     "holding_stmt",
+    "notify_stmt",
     "pending_stmt",
     "purge_stmt",
     "retry_dead_stmt",
@@ -274,3 +276,9 @@ def purge_stmt(dialect: str) -> Delete:
     else:
         chosen = t.c.id.in_(oldest)
     return delete(t).where(chosen)
+
+
+def notify_stmt() -> Select[Any]:
+    """PostgreSQL: ``pg_notify(:channel, '')``, the wake-up a commit of new rows sends
+    (:mod:`sqla_outbox.notify`), for operations that free rows without inserting any."""
+    return select(func.pg_notify(bindparam("channel", type_=String()), ""))

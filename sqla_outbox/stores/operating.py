@@ -18,8 +18,15 @@ from sqlalchemy import Connection, Engine, Row
 
 from sqla_outbox import clock, queries
 from sqla_outbox.coltypes import MYSQL_DIALECTS
+from sqla_outbox.notify import CHANNEL
 
-__all__ = ["MySQLOperations", "Operations", "StatusRows", "operations_for"]
+__all__ = [
+    "MySQLOperations",
+    "Operations",
+    "PostgreSQLOperations",
+    "StatusRows",
+    "operations_for",
+]
 
 StatusRows = tuple[dt.datetime, Any, Sequence[Any], Sequence[Any]]
 """What :meth:`Operations.status` reads: the time it was read at (the database's clock on
@@ -115,10 +122,34 @@ class MySQLOperations(Operations):
         return locked
 
 
+class PostgreSQLOperations(Operations):
+    """PostgreSQL: retrying or discarding dead letters frees rows, which relays that ``LISTEN``
+    would otherwise find only at their next poll (an idle one polls rarely, or not at all while
+    its ``LISTEN`` is up). So the same transaction notifies the outbox's channel, as a commit of
+    new rows does (:mod:`sqla_outbox.notify`): the notification is delivered if and when it
+    commits, and every relay listening on the database claims at once."""
+
+    def retry_dead(self, conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
+        return _notified(conn, super().retry_dead(conn, ids))
+
+    def discard_dead(self, conn: Connection, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
+        return _notified(conn, super().discard_dead(conn, ids))
+
+
+def _notified(conn: Connection, changed: list[uuid.UUID]) -> list[uuid.UUID]:
+    """``changed``, after notifying the outbox's channel in ``conn``'s transaction if any row
+    changed."""
+    if changed:
+        conn.execute(queries.notify_stmt(), {"channel": CHANNEL})
+    return changed
+
+
 def operations_for(dialect: str) -> Operations:
     """The operators' statements for ``dialect``."""
     if dialect in MYSQL_DIALECTS:
         return MySQLOperations(dialect)
+    if dialect == "postgresql":
+        return PostgreSQLOperations(dialect)
     return Operations(dialect)
 
 

@@ -79,6 +79,7 @@ def catalog() -> Iterator[tuple[str, str, Any]]:
     yield "postgresql", "sweep", queries.sweep_stmt()
     yield "postgresql", "unclaim", queries.unclaim_stmt()
     yield "postgresql", "analyze", queries.analyze_stmt()
+    yield "postgresql", "notify", queries.notify_stmt()
     yield from _everywhere("stage", lambda _d: queries.stage_stmt())
     yield from _everywhere("pending", lambda _d: queries.pending_stmt())
     yield from _everywhere("status", queries.status_stmt)
