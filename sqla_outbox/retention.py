@@ -69,7 +69,7 @@ from sqla_outbox.schema_errors import raise_if_missing_table
 from sqla_outbox.stores.operating import operations_for
 
 __all__ = [
-    "DEFAULT_BATCH_SIZE",
+    "PURGE_BATCH_SIZE",
     "PURGE_INTERVAL",
     "PURGE_PRIVILEGES",
     "PURGE_SCHEMA_VERSION",
@@ -94,7 +94,7 @@ PURGE_PRIVILEGES = ("SELECT", "UPDATE", "DELETE")
 PURGE_SCHEMA_VERSION = 3
 """The oldest table version :func:`purge` runs on: the first with ``ix_outbox_published``."""
 
-DEFAULT_BATCH_SIZE = 10_000
+PURGE_BATCH_SIZE = 10_000
 """Rows :func:`purge` deletes per transaction."""
 
 PURGE_INTERVAL = 60.0
@@ -126,7 +126,7 @@ def resolve_purge_batch_size(value: object) -> int:
     """``value`` if it is a positive ``int``, else :class:`ConfigurationError`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigurationError(
-            f"batch_size must be a positive whole number of rows such as {DEFAULT_BATCH_SIZE}, "
+            f"batch_size must be a positive whole number of rows such as {PURGE_BATCH_SIZE}, "
             f"got {value!r}."
         )
     return value
@@ -216,7 +216,8 @@ def purge(
     bind: Engine | str | URL,
     *,
     older_than: dt.timedelta,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_size: int = PURGE_BATCH_SIZE,
+    on_batch: Callable[[int], object] | None = None,
 ) -> int:
     """Delete the published rows published more than ``older_than`` ago; return how many.
 
@@ -228,6 +229,8 @@ def purge(
     :param bind: an ``Engine`` or a database URL.
     :param older_than: a positive ``timedelta``, e.g. ``timedelta(days=7)``.
     :param batch_size: rows per transaction.
+    :param on_batch: called with the rows each committed batch deleted, to show progress (a
+        purge of much history takes minutes).
     """
     older_than = resolve_older_than(older_than)
     batch_size = resolve_purge_batch_size(batch_size)
@@ -237,7 +240,12 @@ def purge(
                 conn, PURGE_PRIVILEGES, needed_by="purge()", minimum=PURGE_SCHEMA_VERSION
             )
             cutoff = purge_cutoff(conn, older_than)
-        return sum(purge_batches(engine, cutoff, batch_size))
+        deleted = 0
+        for rows in purge_batches(engine, cutoff, batch_size):
+            deleted += rows
+            if on_batch is not None:
+                on_batch(rows)
+        return deleted
 
 
 # --- a relay's background purge ------------------------------------------------------------------

@@ -12,10 +12,12 @@ from sqla_outbox.cli.common import (
     database_errors,
     engine_for,
     env,
+    logging_to_stderr,
     plural,
     require_url,
     url_option,
 )
+from sqla_outbox.cli.progress import Progress
 
 __all__ = ["purge_command"]
 
@@ -36,7 +38,7 @@ _PURGE_FIX = "The batches deleted before it stay deleted; run the purge again fo
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=retention.DEFAULT_BATCH_SIZE,
+    default=retention.PURGE_BATCH_SIZE,
     show_default=True,
     envvar=env("PURGE_BATCH_SIZE"),
     show_envvar=True,
@@ -64,8 +66,21 @@ def purge_command(
     try:
         with database_errors(database_url), engine.connect():
             pass
-        with database_errors(database_url, "while purging published rows", _PURGE_FIX):
-            deleted = retention.purge(engine, older_than=older_than, batch_size=batch_size)
+        progress = Progress("purge.progress", "purging", "rows")
+        try:
+            # Progress log lines go to stderr, as the relay's do; stdout keeps the result.
+            with (
+                logging_to_stderr("info"),
+                database_errors(database_url, "while purging published rows", _PURGE_FIX),
+            ):
+                deleted = retention.purge(
+                    engine,
+                    older_than=older_than,
+                    batch_size=batch_size,
+                    on_batch=progress.advance,
+                )
+        finally:
+            progress.finish()
     finally:
         engine.dispose()
     click.echo(

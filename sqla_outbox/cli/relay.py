@@ -33,6 +33,7 @@ from sqla_outbox.cli.common import (
     require_url,
     url_option,
 )
+from sqla_outbox.cli.progress import PassProgress, Progress
 from sqla_outbox.engines import hide_password
 from sqla_outbox.errors import ConfigurationError, PublisherError
 from sqla_outbox.logs import LOG_FORMATS, error_line, log_event
@@ -44,6 +45,7 @@ from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.relay import Relay
 from sqla_outbox.retries import DEFAULT_MAX_PUBLISH_ATTEMPTS, DEFAULT_RETRY_BASE, DEFAULT_RETRY_MAX
 from sqla_outbox.schema_errors import is_unreachable
+from sqla_outbox.settings import DEFAULT_BATCH_SIZE, DEFAULT_POLL_INTERVAL
 
 __all__ = ["relay"]
 
@@ -152,7 +154,7 @@ class _AttemptsType(click.ParamType[int | None, Any]):
 @click.option(
     "--batch-size",
     type=int,
-    default=100,
+    default=DEFAULT_BATCH_SIZE,
     show_default=True,
     envvar=env("BATCH_SIZE"),
     show_envvar=True,
@@ -162,7 +164,7 @@ class _AttemptsType(click.ParamType[int | None, Any]):
 @click.option(
     "--poll-interval",
     type=float,
-    default=0.2,
+    default=DEFAULT_POLL_INTERVAL,
     show_default=True,
     envvar=env("POLL_INTERVAL"),
     show_envvar=True,
@@ -363,7 +365,12 @@ def relay(
                 if not _check_once_reachable(outbox_relay, database_url, once=once):
                     return 0  # stopped by a signal while waiting for the database
                 with database_errors(database_url, "while relaying", RETRY_FIX):
-                    result = outbox_relay.run(once=once)
+                    progress = _drain_progress(outbox_relay) if once else None
+                    try:
+                        result = outbox_relay.run(once=once)
+                    finally:
+                        if progress is not None:
+                            progress.finish()
             if once:
                 log_event(
                     log,
@@ -378,6 +385,14 @@ def relay(
         finally:
             outbox_relay.close()
             engine.dispose()
+
+
+def _drain_progress(outbox_relay: Relay) -> Progress:
+    """Progress of a ``--once`` drain, out of the rows pending when it starts (dead letters and
+    rows not yet due count there, so the share may stop short of 100%)."""
+    progress = Progress("relay.progress", "publishing", "messages", outbox_relay.pending())
+    outbox_relay.observe(PassProgress(progress))
+    return progress
 
 
 def _check_once_reachable(outbox_relay: Relay, url: URL, *, once: bool) -> bool:
