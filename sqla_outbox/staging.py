@@ -60,6 +60,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from sqla_outbox.errors import ArgumentTypeError, StagingError
+from sqla_outbox.input_size import DEFAULT_MAX_INPUT_BYTES, check_input_size, max_input_bytes
 from sqla_outbox.message import OutboxMessage
 from sqla_outbox.model import OutboxRow
 from sqla_outbox.notify import wake_local
@@ -91,6 +92,9 @@ class _Staging:
     staged_at: dt.datetime
     # How deep input may nest on the outbox table's database (validation.max_input_depth).
     max_depth: int = MAX_INPUT_DEPTH
+    # The largest input accepted there, and the dialect it is measured for (input_size).
+    max_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    dialect: str = ""
     entries: list[_Entry] = field(default_factory=list)
     # The connection whose COMMIT writes the entries; None until attached.
     connection: Connection | None = None
@@ -205,18 +209,25 @@ def _root_transaction(session: Session) -> SessionTransaction:
     return session.begin()
 
 
-def _max_depth(session: Session) -> int:
-    """How deep input may nest on the database ``session`` writes the outbox table to.
+def _limits(session: Session) -> tuple[int, int, str]:
+    """How deep and how large input may be on the database ``session`` writes the outbox
+    table to, and that database's dialect name.
 
     ``get_bind`` names the engine (or connection) without connecting, so this works inside an
-    ``AsyncSession``'s synchronous ``enqueue`` too. A session with no bind fails when it
-    attaches, as it always has; until then the general limit applies.
+    ``AsyncSession``'s synchronous ``enqueue`` too; the size cap is one of its execution options
+    (:mod:`sqla_outbox.input_size`). A session with no bind fails when it attaches, as it always
+    has; until then the general limits apply.
     """
     try:
         bind = session.get_bind(mapper=OutboxRow)
     except UnboundExecutionError:
-        return MAX_INPUT_DEPTH
-    return max_input_depth(bind.dialect.name)
+        return MAX_INPUT_DEPTH, DEFAULT_MAX_INPUT_BYTES, ""
+    dialect = bind.dialect.name
+    return (
+        max_input_depth(dialect),
+        max_input_bytes(bind.get_execution_options(), dialect),
+        dialect,
+    )
 
 
 def enqueue(
@@ -263,8 +274,11 @@ def enqueue(
     }
     if isinstance(target, Connection):
         now = dt.datetime.now(dt.timezone.utc)
-        depth = max_input_depth(target.dialect.name)
+        dialect = target.dialect.name
+        depth = max_input_depth(dialect)
         message = build_message(job, input, staged_at=now, max_depth=depth, **options)
+        cap = max_input_bytes(target.get_execution_options(), dialect)
+        check_input_size(message.job, message.input, cap, dialect)
         _insert(target, [message])
         return message
 
@@ -272,12 +286,15 @@ def enqueue(
     # Every message of a transaction shares the staged_at of its first one, so claim order
     # (staged_at, id) keeps enqueue order inside the transaction; see sqla_outbox.ids.
     staged_at = staging.staged_at if staging else dt.datetime.now(dt.timezone.utc)
-    depth = staging.max_depth if staging else _max_depth(target)
+    depth, cap, dialect = (
+        (staging.max_depth, staging.max_bytes, staging.dialect) if staging else _limits(target)
+    )
     message = build_message(job, input, staged_at=staged_at, max_depth=depth, **options)
+    check_input_size(message.job, message.input, cap, dialect)
     # Begun only once the call is known to be good, so a refused call leaves the session as is.
     root = _root_transaction(target)
     if staging is None:
-        staging = _Staging(staged_at, depth)
+        staging = _Staging(staged_at, depth, cap, dialect)
     if not is_async:
         staging.attach(target)  # before staging: a failed checkout stages nothing
     target.info[_INFO_KEY] = staging
