@@ -18,10 +18,10 @@ many rows do not arrive together the way reconnects of many clients do.
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import dataclass
 
 from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.settings import positive_seconds
 
 __all__ = [
     "DEFAULT_MAX_PUBLISH_ATTEMPTS",
@@ -58,16 +58,6 @@ class RetryPolicy:
         return self.max_attempts is not None and attempts >= self.max_attempts
 
 
-def _seconds(name: str, value: object, example: str, default: float) -> float:
-    valid = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not valid or not math.isfinite(float(value)) or float(value) <= 0:  # type: ignore[arg-type]
-        raise ConfigurationError(
-            f"{name} must be a positive, finite number of seconds, got {value!r}. "
-            f"Pass e.g. {name}={example}, or omit it for the {default:g} s default."
-        )
-    return float(value)  # type: ignore[arg-type]
-
-
 def resolve_retry_policy(
     max_publish_attempts: object, retry_base: object, retry_max: object
 ) -> RetryPolicy:
@@ -82,8 +72,8 @@ def resolve_retry_policy(
             f"ever, got {max_publish_attempts!r}. Pass e.g. max_publish_attempts=10, or omit it "
             f"for the default of {DEFAULT_MAX_PUBLISH_ATTEMPTS}."
         )
-    base = _seconds("retry_base", retry_base, "1", DEFAULT_RETRY_BASE)
-    cap = _seconds("retry_max", retry_max, "300", DEFAULT_RETRY_MAX)
+    base = positive_seconds("retry_base", retry_base, "1", DEFAULT_RETRY_BASE)
+    cap = positive_seconds("retry_max", retry_max, "300", DEFAULT_RETRY_MAX)
     if cap < base:
         raise ConfigurationError(
             f"retry_max must be at least retry_base, got retry_max={retry_max!r} and "

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_CLAIM_LEASE",
     "DEFAULT_POLL_INTERVAL",
+    "positive_seconds",
     "resolve_batch_size",
     "resolve_claim_lease",
     "resolve_poll_interval",
@@ -30,7 +31,10 @@ DEFAULT_POLL_INTERVAL = 0.2
 DEFAULT_BATCH_SIZE = 100
 
 
-def _positive_seconds(name: str, value: object, example: str, default: float) -> float:
+def positive_seconds(name: str, value: object, example: str, default: float) -> float:
+    """``value`` (seconds, or a ``timedelta``) as positive, finite seconds, or
+    :class:`ConfigurationError` naming ``name``, an ``example`` value and the ``default``: the
+    one check every duration setting of the library goes through."""
     seconds: float | None = None
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()
@@ -46,13 +50,13 @@ def _positive_seconds(name: str, value: object, example: str, default: float) ->
 
 def resolve_claim_lease(value: object) -> dt.timedelta:
     """``claim_lease`` (seconds or ``timedelta``) as a ``timedelta``, or ``ConfigurationError``."""
-    seconds = _positive_seconds("claim_lease", value, "30", DEFAULT_CLAIM_LEASE)
+    seconds = positive_seconds("claim_lease", value, "30", DEFAULT_CLAIM_LEASE)
     return dt.timedelta(seconds=seconds)
 
 
 def resolve_poll_interval(value: object) -> float:
     """``poll_interval`` in seconds, or ``ConfigurationError`` (a ``ValueError``)."""
-    return _positive_seconds("poll_interval", value, "0.5", DEFAULT_POLL_INTERVAL)
+    return positive_seconds("poll_interval", value, "0.5", DEFAULT_POLL_INTERVAL)
 
 
 def resolve_batch_size(value: object) -> int:

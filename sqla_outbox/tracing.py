@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING
 
 from sqla_outbox.logs import describe_error
 from sqla_outbox.message import OutboxMessage
+from sqla_outbox.publishers.schemes import BROKERS
 from sqla_outbox.publishing import ENDS_PROCESS, confirmed_count, is_outage, refuse_awaitable
 
 if TYPE_CHECKING:
@@ -102,19 +103,9 @@ TRACER_NAME = "sqla_outbox"
 GENERIC_SYSTEM = "sqla_outbox"
 """``messaging.system`` for a publisher that names no system of its own."""
 
-SYSTEMS = {
-    "sqla_outbox.publishers.celery_tasks": "celery",
-    "sqla_outbox.publishers.http_webhook": "webhook",
-    "sqla_outbox.publishers.kafka": "kafka",
-    "sqla_outbox.publishers.nats_jetstream": "nats",
-    "sqla_outbox.publishers.rabbitmq": "rabbitmq",
-    "sqla_outbox.publishers.redis_streams": "redis",
-}
-"""``messaging.system`` of each bundled broker publisher, by the module that defines it.
-
-The values are the conventions' well-known ones where there is one (``kafka``, ``rabbitmq``)
-and the broker's own short name otherwise.
-"""
+SYSTEMS = {broker.module: broker.system for broker in BROKERS.values()}
+"""``messaging.system`` of each bundled broker publisher, by the module that defines it (from
+:data:`~sqla_outbox.publishers.schemes.BROKERS`, where each broker is listed once)."""
 
 
 def current_traceparent() -> str | None:

@@ -15,11 +15,15 @@ __all__ = ["BROKERS", "Broker"]
 
 @dataclass(frozen=True, slots=True)
 class Broker:
-    """One broker integration: its module, the extra that installs its client, its docs page."""
+    """One broker integration: its module, the extra that installs its client (and that
+    client's distribution name), and the ``messaging.system`` its spans name
+    (:mod:`sqla_outbox.tracing`: the OpenTelemetry conventions' well-known value where there is
+    one, else the broker's own short name)."""
 
     module: str
     extra: str
     client: str
+    system: str
 
     @property
     def install(self) -> str:
@@ -27,12 +31,12 @@ class Broker:
         return f'pip install "sqla-outbox[{self.extra}]"'
 
 
-_REDIS = Broker("sqla_outbox.publishers.redis_streams", "redis", "redis")
-_AMQP = Broker("sqla_outbox.publishers.rabbitmq", "rabbitmq", "pika")
-_NATS = Broker("sqla_outbox.publishers.nats_jetstream", "nats", "nats")
-_HTTP = Broker("sqla_outbox.publishers.http_webhook", "http", "httpx")
-_CELERY = Broker("sqla_outbox.publishers.celery_tasks", "celery", "celery")
-_KAFKA = Broker("sqla_outbox.publishers.kafka", "kafka", "confluent-kafka")
+_REDIS = Broker("sqla_outbox.publishers.redis_streams", "redis", "redis", "redis")
+_AMQP = Broker("sqla_outbox.publishers.rabbitmq", "rabbitmq", "pika", "rabbitmq")
+_NATS = Broker("sqla_outbox.publishers.nats_jetstream", "nats", "nats", "nats")
+_HTTP = Broker("sqla_outbox.publishers.http_webhook", "http", "httpx", "webhook")
+_CELERY = Broker("sqla_outbox.publishers.celery_tasks", "celery", "celery", "celery")
+_KAFKA = Broker("sqla_outbox.publishers.kafka", "kafka", "confluent-kafka", "kafka")
 
 BROKERS: dict[str, Broker] = {
     "redis": _REDIS,
