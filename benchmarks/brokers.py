@@ -13,8 +13,8 @@ arms run interleaved in one run, each draining the same rows:
   :data:`~benchmarks.drain.RAW_CLAIM` and then :data:`~benchmarks.drain.RAW_MARK` (the raw drain
   baseline of workload 3: one statement each, the mark fenced on the pass's token), and between
   them the broker's official client publishing the batch with the same confirmation guarantee as
-  the bundled publisher (below). The claim is the unordered one: the issue asks for "the same
-  claim and fenced-mark SQL" as the raw drain baseline, and that is the loop most people write.
+  the bundled publisher (below). The claim is the unordered one, the same claim and fenced-mark
+  SQL as the raw drain baseline: that is the loop most people write.
   It does not keep a transaction's order across relays, which the library does, so this arm is
   the strongest baseline, and the library pays for order out of its ratio.
 * **hand-written loop, ordered claim** (informative): the same loop with
@@ -68,11 +68,11 @@ The brokers
 Rows per drain
     Each broker drains as many rows as keep one drain of one arm to about 1 s (:data:`ROWS`; a
     tenth with ``--quick``), so that five rounds of three arms at two batch sizes fit the
-    suite's budget: a broker that confirms each message on its own (RabbitMQ, about 1,000
-    messages/s here; HTTP, about 2,300) drains 1,000-2,000 rows, a pipelining one
-    12,000-30,000. For RabbitMQ at b=1000 that is a single pass (and the empty claim that ends
-    the drain); its rate is set by the per-message confirms, not by the passes. The rows are the
-    first of the drain snapshot in claim order, whole transactions of ten.
+    suite's budget: a broker that confirms each message on its own (RabbitMQ, HTTP) drains
+    1,000-2,000 rows, a pipelining one 12,000-30,000. For RabbitMQ at b=1000 that is a single
+    pass (and the empty claim that ends the drain); its rate is set by the per-message confirms,
+    not by the passes. The rows are the first of the drain snapshot in claim order, whole
+    transactions of ten.
 
 Checked after every drain (untimed)
     What the broker holds (stream length, queue depth, stream messages, records read back up to

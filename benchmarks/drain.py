@@ -25,16 +25,15 @@ Workload 3, per batch size, three arms:
   parameters and, like the relay's connection, ``SET jit = off``, read through the relay's
   cursor (its ``jsonb`` decoding). It splits the gap between the other two: ``raw SQL ->
   library SQL`` is what the library's claim costs in the database, less what that decoding
-  saves (about 2.5 us a row), ``library SQL -> ours`` is SQLAlchemy and Python per row and per
-  pass.
+  saves per row, ``library SQL -> ours`` is SQLAlchemy and Python per row and per pass.
 * **ordered raw SQL** (informative): the raw loop with the cheapest claim that keeps each
   transaction's order (:data:`RAW_ORDERED_CLAIM`: a bounded look at what lies before the
   candidates, rows handed back in claim order). ``raw SQL -> ordered raw SQL`` is what keeping
   order costs any relay; ``ours`` against it is what the library adds on top.
 * **ours, order='strict'** (informative, smallest batch size only): the same relay keeping the
   total order (:data:`STRICT`). Its claim also looks for the first failed row of the whole
-  backlog; the row says what that costs when nothing has failed (it once cost two thirds of
-  the drain, when that search could not use ``ix_outbox_failing`` on a generic plan).
+  backlog; the row says what that costs when nothing has failed, which stays small only while
+  that search can use ``ix_outbox_failing`` on a generic plan.
 * **ours, planned claim only** (informative, smallest and largest batch sizes): the same relay
   with PostgreSQL's one-statement claim turned off (:class:`benchmarks.variants.PlannedOnly`),
   every claim the protocol every store runs: what the one-statement claim buys.
@@ -107,8 +106,7 @@ RAW_CLAIM = (
 
 ``id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP LOCKED))`` rather than ``id IN (SELECT ...)``: the
 same rows, locks and stamps, but the ``IN`` form lets the planner turn the outer UPDATE into a
-hash semi-join over a sequential scan of the whole table once the batch is large (it did at
-``LIMIT 1000`` on 50,000 rows: 17.7 ms per claim against 9.4 ms, median of 30, prepared).
+hash semi-join over a sequential scan of the whole table once the batch is large.
 ``ANY(ARRAY(...))`` always probes the primary key, so the baseline is the database's best.
 """
 RAW_MARK = (
@@ -119,8 +117,8 @@ RAW_MARK = (
 
 Fenced on ``claimed_by`` like the library's. Without ``id = ANY(ids)``, ``WHERE claimed_by = %s
 AND published_at IS NULL`` has no index to use (nothing indexes ``claimed_by``) and scans every
-unpublished row on each pass: measured 7.4 ms per mark with 50,000 rows pending, which made the
-baseline 2-3x slower than the library. A competent hand-written relay passes the ids it claimed.
+unpublished row on each pass, a cost that grows with the backlog and that the library's mark
+does not pay. A competent hand-written relay passes the ids it claimed.
 """
 
 RAW_ORDERED_CLAIM = (
@@ -151,10 +149,9 @@ to find the rows it could still take). Informative: the price of order, measured
 BENCH_RELAY_ID = "ours"
 """The relay id of workload 3's relay: its tokens (``ours:<16 hex>``) are as long as the raw
 loop's (``raw:<16 hex>``). The default ``relay-<uuid4>`` makes every token 40 characters longer,
-and each claim writes its token into every row it takes: 9% more server time per 1,000-row
-claim, measured in the bare loop with 60- against 20-character tokens (median of 6 drains).
-That is the price of a readable claimant, not of the library's machinery, so both sides pay
-the same. Workload 4's relays keep the default ids."""
+and each claim writes its token into every row it takes, so a longer token costs server time on
+every claimed row. That is the price of a readable claimant, not of the library's machinery, so
+both sides pay the same. Workload 4's relays keep the default ids."""
 
 
 STRICT = "ours, order='strict'"
@@ -168,8 +165,9 @@ HELD = f"ours, {HELD_ROWS:,} rows held behind dead letters"
 :data:`~benchmarks.held_rows.HELD_ROWS` rows ahead of the backlog that no claim may take
 (:mod:`benchmarks.held_rows`), already parked, as a relay that has met them leaves them. The
 drain publishes the same rows; what the held rows cost is each mark's search for rows to unpark
-and each claim's step past them. That search read every parked row on every mark until the
-thirteenth issue-11 session: 40% of the drain with 10,000 parked."""
+and each claim's step past them. The mark must find only the rows parked behind what it marks
+(through ``ix_outbox_parked_behind``), never read every parked row, or the held rows would cost
+every pass in proportion to their number."""
 
 
 def _drain_relay_held(ctx: Context, batch_size: int) -> tuple[int, float]:
@@ -437,8 +435,8 @@ def _run_relays(ctx: Context, relays: int, seen: list[int]) -> float:
     Rows/s from the first ``start()`` until the publisher has seen ``drain_rows`` messages; the
     ``stop()`` calls are untimed. Every publish appends its message id to ``seen`` (empty on
     entry), duplicates included, so the caller can count them: as an integer, which Python's
-    garbage collector does not track (kept ``UUID`` objects made its full collections in the
-    relays' process slower round after round).
+    garbage collector does not track (kept ``UUID`` objects would make its full collections in
+    the relays' process slower round after round).
     """
     restore_outbox(ctx)
     total = ctx.scale.drain_rows

@@ -1,6 +1,6 @@
 """Workload 9: a relay draining a backlog in which 2% of the messages fail once.
 
-The issue: one bad message must never stop the world. A failed publish is charged to its row
+The promise: one bad message must never stop the world. A failed publish is charged to its row
 alone (a retry backoff, later a dead letter); only the later rows of its transaction and
 ordering key wait for it (handed back and parked); everything else flows. This workload prices
 that machinery against the same relay on the same rows with nothing failing.
@@ -25,12 +25,12 @@ backlog and at every position of their transactions); their second attempt succe
   ids. Its own ratio is what isolating failures costs any relay here; ours against it, both
   failing, is what the library adds.
 * **raw SQL that parks, 2% fail once** and **raw SQL that parks, no failures** (informative,
-  the bounded floor): the same loop with the one thing more the issue asks of a claim, that it
-  stay bounded however many rows failures hold back (workload 8): what a failure holds back is
-  parked and unparked by its holder's mark, and each pass's write-back rides on the next claim,
-  one statement a pass, as in the library's relay; nothing else is added (no ordering keys, no
-  dead letters, no other relays). Its own ratio is what isolating failures costs a relay built
-  like ours; ours against it, both failing, is what the library adds beyond that.
+  the bounded floor): the same loop with the one thing more the library promises of a claim,
+  that it stay bounded however many rows failures hold back (workload 8): what a failure holds
+  back is parked and unparked by its holder's mark, and each pass's write-back rides on the next
+  claim, one statement a pass, as in the library's relay; nothing else is added (no ordering
+  keys, no dead letters, no other relays). Its own ratio is what isolating failures costs a
+  relay built like ours; ours against it, both failing, is what the library adds beyond that.
 * **raw SQL that keeps failed rows claimed** (informative, failing and clean): a floor for a
   design the library does not have. The bounded floor's loop, except that a failed row and the
   rows of its transaction after it in the claim are neither handed back nor parked: they stay
@@ -140,9 +140,9 @@ class _Publisher:
     each id in ``failing``.
 
     Integers, not the ``UUID`` objects: those are tracked by Python's cyclic garbage collector,
-    and a harness that kept every round's 50,000 of them (1.1 million by the last round) made
-    each full collection in the relay's process take 100-190 ms, charged mostly to the failing
-    arm, whose exceptions and log records set off twice the collections.
+    and a harness that keeps every round's ids makes each full collection in the relay's process
+    slower round after round, a cost charged mostly to the failing arm, whose exceptions and log
+    records set off twice the collections.
     """
 
     total: int

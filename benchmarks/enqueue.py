@@ -25,8 +25,8 @@ request-scoped shape), on the same engine, writing one ``bench_orders`` row:
 
 Rates are committed transactions per second. The arms take turns of ten transactions each
 within a round (:func:`benchmarks.harness.interleave_calls`), so every arm of a round runs
-across the same seconds: these transactions wait on the commit's fsync, whose time swings by 2x
-from one second to the next here, far more than the differences measured.
+across the same seconds: these transactions wait on the commit's fsync, whose time can swing by
+2x from one second to the next, far more than the differences measured.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ hands them to :func:`interleave`, and turns the per-round samples into :class:`R
 Interleaving: the arms of one comparison run one after the other inside a round, the order
 reversed every other round (ABC, CBA, ABC, ...), for several rounds. A row reports the median of
 each arm's per-round numbers, and as its ratio the median of the per-round ratios (ours / baseline
-within one round, seconds apart). A burst of noise on the machine (the other engineers' test
-runs, a checkpoint) then lands on both sides of a ratio instead of on whichever ran second.
+within one round, seconds apart). A burst of noise (other processes on a shared machine, a
+checkpoint) then lands on both sides of a ratio instead of on whichever ran second.
 Arms of a few milliseconds (the enqueue workloads' committing transactions) go to
 :func:`interleave_calls` instead, which interleaves them ten calls at a time within a round.
 """
@@ -392,8 +392,8 @@ def interleave_calls(
     calls per second over its own turns. Every operation of a round therefore runs across the
     same seconds of the machine's life, a few tens of milliseconds apart, not one after the
     other. That matters for commit-bound
-    transactions: an fsync's time swings by 2x within seconds here, so two arms run a second
-    apart differ by more than the few percent a ratio between them is about, and
+    transactions: an fsync's time can swing by 2x within seconds, so two arms run a second
+    apart may differ by more than the few percent a ratio between them is about, and
     :func:`interleave` alone then measures the machine.
     """
     names = list(operations)

@@ -1,12 +1,12 @@
 """Workload 14: a drain over a few hot ordering keys while 2% of the messages fail once.
 
-The shape that stalled delivery in the soak (``python -m benchmarks.soak``): every message on
-one of a few hot keys (an account, a tenant), transactions spanning several keys, and a few
-publishes failing once. A failed message holds back the later messages of its transaction and
-of its key until its retry is published; with :data:`KEYS` keys that is, transitively, most of
-what comes after it. What this workload prices is the relay's work around each failure: handing
-back and parking what waits, finding it again once the failed row is published, and claims
-that stay bounded meanwhile.
+The soak's shape (``python -m benchmarks.soak``), where delivery stalls most easily: every
+message on one of a few hot keys (an account, a tenant), transactions spanning several keys,
+and a few publishes failing once. A failed message holds back the later messages of its
+transaction and of its key until its retry is published; with :data:`KEYS` keys that is,
+transitively, most of what comes after it. What this workload prices is the relay's work around
+each failure: handing back and parking what waits, finding it again once the failed row is
+published, and claims that stay bounded meanwhile.
 
 The backlog (:data:`ROWS`, or :data:`QUICK_ROWS` with ``--quick``) is committed through
 ``outbox.enqueue`` in transactions of :data:`PER_TRANSACTION` messages, each message on one of

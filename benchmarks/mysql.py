@@ -1,4 +1,4 @@
-"""MySQL and MariaDB (issue 14): enqueue and drain against hand-written SQL on the same server.
+"""MySQL and MariaDB: enqueue and drain against hand-written SQL on the same server.
 
 Run with a MySQL URL: ``.venv/bin/python -m benchmarks --url
 mysql+pymysql://root@127.0.0.1:3306/sqla_outbox_bench`` (or ``mariadb+pymysql://``). The suite

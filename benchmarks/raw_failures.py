@@ -132,7 +132,7 @@ def _write_back(
     Mark what was published; with ``failed`` also charge the failed rows and hand back the rows
     they held back in the claim. With ``parks`` (the parking loops) the mark also unparks the
     parked rows of its transactions (their holder is out; ``= ANY(ARRAY(...))`` probes the small
-    ``ix_outbox_parked_group`` once per marked row, where ``IN (SELECT ...)`` compared every
+    ``ix_outbox_parked_group`` once per marked row, where ``IN (SELECT ...)`` may compare every
     parked row with every marked one), what is handed back is parked, and so are the unclaimed
     later rows of the failed rows' transactions. With ``keeps`` (the keeping loop) the failed
     rows and what they held back stay claimed: charged, nothing handed back.

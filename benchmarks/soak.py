@@ -26,7 +26,7 @@ stops the relays and counts:
 * **not drained**: committed, never published, still pending when ``--drain`` ran out;
 * **duplicated**: publishes beyond the first of a message. At-least-once allows them when a
   relay loses its connection between publishing a pass and marking it, so ``--kill`` runs show
-  some; the soak counts them and fails all the same, as the script it comes from did;
+  some; the soak counts them and fails all the same;
 * **phantom**: published messages whose transaction or savepoint was rolled back;
 * **order violations**: pairs of messages published in the reverse of their order within a
   transaction, or within an ordering key (a writer's transactions commit one after the other,
@@ -42,9 +42,8 @@ created afresh**, and dropped at the end unless ``--keep``. The relays' log goes
 PATH`` (INFO and up, ``--log-level`` to change); without it, it is discarded and only its
 warnings and errors are counted by event in the summary.
 
-The shape and the counts are those of the soak script that found the hot-key stall (outside
-this repository), except that the failing messages are chosen per message, by a hash of the
-name, instead of drawn per attempt.
+The failing messages are chosen per message, by a hash of the name, not drawn per attempt, so
+every run refuses the same messages once each.
 """
 
 from __future__ import annotations
@@ -204,8 +203,8 @@ class Shape:
 def write(number: int, app: sa.Engine, shape: Shape, ledger: Ledger, stop: threading.Event) -> None:
     """One writer: transactions until ``stop``, with savepoints and transactions rolled back.
 
-    The draws from ``random.Random(number)`` are those of the original script, so a writer
-    stages the same transactions (how the threads interleave differs from run to run). An error
+    The draws come from ``random.Random(number)``, so a writer stages the same transactions in
+    every run (how the threads interleave differs from run to run). An error
     is counted and the writer goes on: before the commit it means nothing was committed; in the
     commit, the transaction's messages are set aside as :attr:`Ledger.uncertain`.
     """

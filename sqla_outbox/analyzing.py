@@ -7,10 +7,9 @@ claim locks its rows, so the scan of either keeps the same filter and costs the 
 probe for a candidate's parked rows between ``ix_outbox_parked_group`` and
 ``ix_outbox_parked_key``. Until the statistics count the rows just parked, it may take the index
 that still holds them, or one it must read whole, and read every parked row on every claim:
-measured with 10,000 rows a sweep had parked until due, drains of the rest at 0.23 of the same
-drain with none, and 0.99 once the table was analysed again (workload ``not_due``,
-``docs/performance.md``). Autovacuum analyses a table once a tenth of its rows changed, within
-a minute, where it runs at all.
+rows parked to spare the claims then cost each claim as much as if they had stayed, or more
+(the benchmark workload ``not_due`` drains past such rows). Autovacuum analyses a table once a
+tenth of its rows changed, within a minute, where it runs at all.
 
 So a PostgreSQL relay counts the rows its claims parked and its sweeps parked, woke and
 unparked, and once they reach :data:`ANALYZE_ROWS`, at most once per :data:`ANALYZE_INTERVAL`,

@@ -67,7 +67,7 @@ class Claimed:
         """The failed attempts before this claim of each of ``messages``, this claim's own.
 
         Found by identity (a pass hands back the objects it was given): one C-level map of the
-        claim per call, where keying by id hashed every UUID of the claim in Python on every
+        claim per call, where keying by id would hash every UUID of the claim in Python on every
         pass with a failure. A message that is not one of the claim's is refused, not guessed.
         """
         mine = dict(zip(map(id, self.messages), self.attempts, strict=True))

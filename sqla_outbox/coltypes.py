@@ -172,7 +172,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 
     def coerce_compared_value(self, op: OperatorType | None, value: Any) -> TypeEngine[Any]:
         # A TypeDecorator's default binds every operand of an expression with the decorator
-        # itself, so a timedelta reached process_bind_param as if it were a datetime. Datetimes
+        # itself, so a timedelta would reach process_bind_param as if it were a datetime. Datetimes
         # keep this type (UTC conversion, naive values refused); anything else is typed as
         # DateTime would type it: timedelta -> Interval, date -> Date, and so on.
         if isinstance(value, dt.datetime):

@@ -97,9 +97,9 @@ def describe_error(error: BaseException) -> str:
     in the message (binary in a response body, a broker's reply decoded with
     ``surrogateescape``) is written as its escape (``\\x00``, ``\\udc80``): PostgreSQL stores
     no NUL and UTF-8 encodes no surrogate. An error whose ``str()`` raises is named by its type.
-    Either used to fail the write-back of the pass that met it, its marks with it: the row was
-    never charged, so never dead-lettered, and every pass that claimed it published the rows
-    before it again.
+    Either, left as it is, would fail the write-back of the pass that met it, its marks with it:
+    the row would never be charged, so never dead-lettered, and every pass that claimed it would
+    publish the rows before it again.
     """
     name = type(error).__name__
     try:

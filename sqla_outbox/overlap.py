@@ -24,8 +24,8 @@ Why it keeps every promise of the pass protocol:
   pass publishes; the pass waits for it (:meth:`ClaimAhead.wait`) before it writes anything.
 
 It pays only where publishing takes time the database can use: a relay claims ahead when its
-publisher says so (``overlap = True`` on the bundled brokers where it was measured to pay, see
-``docs/performance.md``) or when ``Relay(overlap=True)`` asks for it.
+publisher says so (``overlap = True`` on the bundled brokers where it pays, which the
+``brokers`` benchmark checks per broker) or when ``Relay(overlap=True)`` asks for it.
 """
 
 from __future__ import annotations

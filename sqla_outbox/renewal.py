@@ -91,8 +91,8 @@ class LeaseRenewal:
                 )
                 self._thread.start()
             elif self._due < self._wakes_at:
-                # Only when the thread would look too late: waking it on every pass cost a
-                # drain of 100-row claims 2-6% (two thread switches a pass, on the GIL).
+                # Only when the thread would look too late: waking it on every pass costs
+                # two thread switches a pass (on the GIL), which a drain of short passes feels.
                 self._cond.notify()
 
     def end(self) -> None:

@@ -9,8 +9,8 @@ relay sweeps every :data:`SWEEP_INTERVAL` seconds:
 * while idle, from the idle loop, when parked rows exist or the next row to come due is far
   enough ahead to be parked (a drain also sweeps when it finds nothing to claim);
 * while busy, between passes. A relay whose backlog never empties never goes idle: sweeping
-  only then left such a row waiting for the first quiet moment, which under steady load may
-  never come.
+  only then would leave such a row waiting for the first quiet moment, which under steady load
+  may never come.
 
 The same sweep parks the rows not due for a while and wakes them before they are due
 (:mod:`sqla_outbox.waiting`): three statements in one transaction, each reading a few index
@@ -55,7 +55,7 @@ class SweepClock:
     holds it up may be rows parked until due that came due meanwhile, or rows parked behind a
     holder published without unparking them, and they should not wait an interval. A relay
     busy with a backlog keeps the interval (a drain would otherwise pay a sweep at its first
-    pass: 30 ms with 10,000 rows parked, for rows that go out within the interval anyway).
+    pass, for rows that go out within the interval anyway).
 
     Unlocked: the relay's loop (or a drain) asks it between passes. Two callers racing can at
     worst make one sweep early or late, never skip sweeping for good.

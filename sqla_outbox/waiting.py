@@ -2,9 +2,9 @@
 
 Every claim reads ``ix_outbox_claimable`` from its oldest row and steps over the rows there that
 are not due yet: a message scheduled for later (``run_at``) and a failed one waiting out its retry
-backoff (``retry_at``). Each costs a claim a visit to the table, about 0.6 us, on every pass:
-10,000 of them ahead of the due rows (a day's scheduled reminders, or a queue whose every message
-a broker refuses, once each has failed) made a drain 2.5 times slower. So a relay's sweep
+backoff (``retry_at``). Each costs a claim a visit to the table on every pass, and thousands of
+them ahead of the due rows (a day's scheduled reminders, or a queue whose every message a broker
+refuses, once each has failed) cost every claim thousands of visits. So a relay's sweep
 (:mod:`sqla_outbox.sweeping`, every few seconds, busy or idle) also
 
 * **parks** the rows among the first :data:`HEAD_ROWS` of the claim index that come due more

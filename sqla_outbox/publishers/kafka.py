@@ -225,9 +225,9 @@ class KafkaPublisher:
     """
 
     overlap = True
-    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): measured to
-    pay with this broker, whose confirmations leave the database idle otherwise (the
-    ``brokers`` benchmark's "overlap flipped" row)."""
+    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): with this
+    broker it pays, its confirmations leaving the database idle otherwise; the ``brokers``
+    benchmark's "overlap flipped" row checks this default."""
 
     messaging_system = "kafka"
     """The OpenTelemetry ``messaging.system`` of this publisher's spans."""

@@ -191,9 +191,9 @@ class NatsJetStreamPublisher:
     """
 
     overlap = True
-    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): measured to
-    pay with this broker, whose confirmations leave the database idle otherwise (the
-    ``brokers`` benchmark's "overlap flipped" row)."""
+    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): with this
+    broker it pays, its confirmations leaving the database idle otherwise; the ``brokers``
+    benchmark's "overlap flipped" row checks this default."""
 
     def __init__(
         self,

@@ -154,8 +154,9 @@ class RedisStreamsPublisher:
     """
 
     overlap = True
-    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): measured to
-    pay with this broker (the ``brokers`` benchmark's "overlap flipped" row)."""
+    """Relays claim ahead while this publisher works (:mod:`sqla_outbox.overlap`): with this
+    broker it pays, the database being idle while the broker works; the ``brokers`` benchmark's
+    "overlap flipped" row checks this default."""
 
     def __init__(
         self,

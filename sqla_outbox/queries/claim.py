@@ -114,7 +114,7 @@ def first_holding(row: Any, column: str, dialect: str, *, after: bool, upto: Any
     One probe of ``ix_outbox_unpublished`` or ``ix_outbox_key``, read forward from the group's
     start: on MySQL and MariaDB, whose probe of a correlated group reads the whole group from
     the end it starts at, forward is the end where a claim's candidates are (a probe back from a
-    candidate read every later row of a hot key, hundreds per candidate).
+    candidate would read every later row of a hot key, hundreds per candidate).
     """
     t = outbox_table.alias(f"{column}_{'next' if after else 'head'}")
     same = [t.c[column] == row.c[column]]

@@ -258,9 +258,10 @@ def waiting_head_stmt(dialect: str) -> Select[Any]:
 
     The head is read first, with each row's due time, and only then filtered: the statement
     reads ``:head`` entries of the index at most, whatever the backlog and the history (joined
-    to the rows not due, PostgreSQL read every unpublished row instead). A plain read: on MySQL
-    and MariaDB the sweep runs it on its own and parks the ids it returns, as a derived table in
-    the UPDATE would take shared locks on which the relays' marks then deadlock."""
+    to the rows not due first, PostgreSQL may read every unpublished row instead). A plain
+    read: on MySQL and MariaDB the sweep runs it on its own and parks the ids it returns, as a
+    derived table in the UPDATE would take shared locks on which the relays' marks then
+    deadlock."""
     row = outbox_table.alias("head_row")
     head = (
         select(row.c.id, row.c.run_at, row.c.retry_at, row.c.claimed_by)

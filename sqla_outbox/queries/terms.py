@@ -144,7 +144,7 @@ def few(name: str, item_type: Any = None) -> ColumnElement[Any]:
 
     A failed pass's write-back names a handful of rows (failed, held back, released). A custom
     plan reads the arrays' lengths and prices those parts far below the generic plan, which
-    assumes ten elements each, so PostgreSQL kept planning the prepared statement afresh. Read
+    assumes ten elements each, so PostgreSQL would keep planning the prepared statement afresh. Read
     through a one-row subquery, the arrays have no known length in either plan.
     """
     array = ARRAY(outbox_table.c.id.type if item_type is None else item_type)

@@ -6,7 +6,7 @@ Everything driver-specific the library does lives here:
   through a ``RawCursor`` (:func:`sqla_outbox.stores.psycopg_sql.execute`) with psycopg's own
   parameter adaptation, and the claim's rows are read straight from the cursor (uuid, jsonb -> dict,
   timestamptz): the claim is the one statement whose rows are many, and SQLAlchemy's per-value
-  processing was a fifth of a drain's time.
+  processing of them would be a large share of a drain's time.
 * The staging INSERT of an enqueuing transaction is compiled once and sent as driver SQL too
   (:func:`insert_staged`); it is short enough for psycopg's own cache of converted queries.
 * An idle relay LISTENs for the commit trigger's notifications
@@ -14,7 +14,8 @@ Everything driver-specific the library does lives here:
 * A claim whose ``jsonb`` Python cannot decode (a row written by hand, nested deeper than the
   recursion limit) is handed back at once and claimed again by a cursor that makes that value
   the row's :class:`~sqla_outbox.coltypes.UndecodableInput` (the relay then charges the row):
-  from then on this store claims that way, at about 1% of a drain, instead of on every claim.
+  from then on this store claims that way. That cursor costs a little on every value, so a
+  store switches to it only once it has met a value that needs it.
 
 None of it applies under a ``schema_translate_map`` (a string compiled in advance would name the
 untranslated table): :func:`applies` says when it does.
@@ -123,9 +124,10 @@ class PsycopgStore(PostgresStore):
             construct = self._driver_sql.get(key)
             if construct is None:
                 return conn.execute(statement, params)
-            # Compiled when first sent, not when the relay is built: the ten statements take
-            # 0.3-0.5 s of CPU to compile, and a relay uses only some of them (a relay alone
-            # never sends the claims for a crowded outbox, one without failures no settle).
+            # Compiled when first sent, not when the relay is built: compiling all of them
+            # takes a noticeable part of a second of CPU, and a relay uses only some of them (a
+            # relay alone never sends the claims for a crowded outbox, one without failures no
+            # settle).
             precompiled = psycopg_sql.precompile(construct, self.engine.dialect)
             self._precompiled[key] = precompiled
         return psycopg_sql.execute(conn, precompiled, params, tolerant=self._tolerant)

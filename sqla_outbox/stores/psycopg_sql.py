@@ -3,7 +3,7 @@
 A relay pass and the commit of an enqueuing transaction each run one or two statements, many
 times a second. Through ``Connection.execute`` every one of them pays SQLAlchemy's per-statement
 work: a cache key for the construct, a compiled-cache lookup, bind processing per value and
-result set-up; on the enqueue path it cost a tenth of a small web transaction. So on psycopg,
+result set-up, a visible share of a small web transaction on the enqueue path. So on psycopg,
 the statements are compiled from :mod:`sqla_outbox.queries` once per dialect and executed with
 ``Connection.exec_driver_sql`` and values psycopg adapts natively (``uuid.UUID``, aware
 datetimes, ``Jsonb``). That keeps what matters of SQLAlchemy: the statement still goes through
@@ -14,8 +14,8 @@ still arrives as SQLAlchemy's exception, with disconnects detected.
 The relay's statements (not the staging INSERT) go one step further: :func:`execute` sends them
 with PostgreSQL's own ``$1`` placeholders through a psycopg ``RawCursor``. psycopg converts a
 ``%(name)s`` query to ``$1`` form on every execute and caches the conversion only for queries of
-up to 4,096 characters; the relay's claims are 4,500 to 9,300, and converting them cost 25-65 us
-a claim (1-2% of a 100-row pass). Converted once here, they are sent as they are. With
+up to 4,096 characters, which the relay's claims exceed: each claim would pay for its conversion
+again. Converted once here, they are sent as they are. With
 ``tolerant``, the cursor also decodes ``jsonb`` as the connection would, except that a value
 Python cannot decode (a hand-written row nested deeper than the recursion limit) is that row's
 :class:`~sqla_outbox.coltypes.UndecodableInput` instead of an error (see ``stores.psycopg``).
@@ -134,8 +134,8 @@ def precompile(
     list has exactly those.
 
     Arrays of UUIDs (a claim's ids, sent back with its mark) travel in psycopg's binary format:
-    its text format quotes each element through a regular expression, 1.2 ms for the 1,000 ids
-    of a large claim against 0.15 ms as binary, a twentieth of the pass.
+    its text format quotes each element through a regular expression, several times slower
+    than the binary format for the ids of a large claim.
     """
     compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) or None)
     sql = str(compiled)
@@ -221,8 +221,8 @@ def _jsonb_loader(loader: type[Any], loads: Any, *, tolerant: bool) -> type[Any]
     :class:`~sqla_outbox.coltypes.UndecodableInput`.
 
     psycopg's own loader hands ``json.loads`` the value's bytes, and ``json.loads`` spends more
-    than half of a small object's decoding (2.5 of 4.3 us here) working out which Unicode
-    encoding the bytes are in: for a 1,000-row claim, 2.5 ms of a 25 ms pass. PostgreSQL
+    than half of a small object's decoding working out which Unicode encoding the bytes are
+    in, once per claimed row. PostgreSQL
     sends ``jsonb`` as text in the connection's encoding, which ``json.loads`` can only have read
     as UTF-8 (JSON text starts with an ASCII character, so its detection never picks UTF-16 or
     32 here): the bytes are decoded as UTF-8 directly, exactly as it would have, and the string
@@ -272,10 +272,10 @@ def execute(
 
     The connection's cursor factory is switched for this one statement only: a connection is
     used by one thread at a time, and everything else sent on it keeps ``%(name)s`` SQL.
-    The relay's cursor costs about 8 us a statement over a plain ``RawCursor`` (its own copy
-    of the connection's loaders) and saves about 2.5 us a ``jsonb`` value. ``tolerant`` (see
-    the module docs) costs 0.3 us a value more, so it is for the claims of a relay that met an
-    undecodable one.
+    The relay's cursor costs a little per statement over a plain ``RawCursor`` (its own copy
+    of the connection's loaders) and saves more per ``jsonb`` value of a claim. ``tolerant``
+    (see the module docs) costs a little more per value, so it is for the claims of a relay
+    that met an undecodable one.
     """
     driver = cast("psycopg.Connection[Any]", connection.connection.driver_connection)
     send_arrays_binary(driver)
