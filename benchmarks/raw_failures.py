@@ -71,9 +71,12 @@ __all__ = [
     "RAW_PARKING_SETTLE",
     "RAW_RIDING_CLAIMS",
     "RAW_SETTLE",
+    "Holds",
     "RawPass",
     "drain_raw_failing",
     "probing_claim",
+    "publish_rows",
+    "wait_for_next_retry",
 ]
 
 _COLUMNS = ", ".join(queries.MESSAGE_FIELDS)
@@ -275,6 +278,15 @@ RAW_NEXT_RETRY = (
 """Seconds until the earliest backoff ends (None when nothing is backing off)."""
 
 
+def wait_for_next_retry(conn: Any) -> bool:
+    """Sleep until the earliest backoff ends; ``False`` (at once) when nothing is backing off."""
+    row = conn.execute(RAW_NEXT_RETRY).fetchone()
+    if row is None or row[0] is None:
+        return False
+    time.sleep(float(row[0]))
+    return True
+
+
 class Publisher(Protocol):
     """What the loop publishes through: workload 9's publisher, by message id."""
 
@@ -308,12 +320,37 @@ class RawPass:
         return params
 
 
-def _publish(rows: list[Any], token: str, publisher: Publisher) -> RawPass:
-    """Publish a claim's rows in order; a failed row holds back its transaction's later rows."""
+class Holds(Protocol):
+    """What a failure in a pass holds back: ``hold(row)`` after it failed, ``holds(row)`` for
+    each later row (which then holds what waits for it in turn)."""
+
+    def hold(self, row: Any) -> None: ...
+
+    def holds(self, row: Any) -> bool: ...
+
+
+class _TransactionHolds:
+    """Workload 9's holds: a failed row's transaction (the workload has no ordering keys)."""
+
+    def __init__(self) -> None:
+        self.groups: set[Any] = set()
+
+    def hold(self, row: Any) -> None:
+        self.groups.add(row[_STAGED_AT])
+
+    def holds(self, row: Any) -> bool:
+        return row[_STAGED_AT] in self.groups
+
+
+def publish_rows(
+    rows: list[Any], token: str, publisher: Publisher, holds: Holds | None = None
+) -> RawPass:
+    """Publish a claim's rows in order; a failed row holds back what ``holds`` says (by default
+    its transaction's later rows)."""
     done = RawPass(token)
-    waiting: set[Any] = set()  # transactions with a failed row in this pass
+    held = _TransactionHolds() if holds is None else holds
     for row in rows:
-        if row[_STAGED_AT] in waiting:
+        if held.holds(row):
             done.held.append(row[_ID])
             continue
         try:
@@ -321,7 +358,7 @@ def _publish(rows: list[Any], token: str, publisher: Publisher) -> RawPass:
         except Exception as failure:  # the publisher refused it: charge it
             done.failed.append(row[_ID])
             done.failed_at.append(row[_STAGED_AT])
-            waiting.add(row[_STAGED_AT])
+            held.hold(row)
             done.error = str(failure)
             continue
         done.published.append(row[_ID])
@@ -355,12 +392,12 @@ class _KeepingPass(RawPass):
 def _publish_keeping(
     groups: list[tuple[str, list[Any]]], publisher: Publisher, retry: float
 ) -> _KeepingPass:
-    """Publish ``(token, rows)`` groups as :func:`_publish` does (the claim, then the due kept
+    """Publish ``(token, rows)`` groups as :func:`publish_rows` does (the claim, then the due kept
     groups); a failed row and the rows its failure held back in the same group are kept,
     claimed, for its retry, one group per transaction."""
     done = _KeepingPass(groups[0][0], tokens=[token for token, _rows in groups])
     for token, rows in groups:
-        part = _publish(rows, token, publisher)
+        part = publish_rows(rows, token, publisher)
         done.published += part.published
         if not part.failed:
             continue
@@ -412,10 +449,8 @@ def _drain_keeping(ctx: Context, publisher: Publisher, batch: int, retry: float)
                 if kept:
                     time.sleep(max(min(group.due for group in kept) - now, 0.0))
                     continue
-                row = conn.execute(RAW_NEXT_RETRY).fetchone()
-                if row is None or row[0] is None:
+                if not wait_for_next_retry(conn):
                     break  # nothing left to wait for: the caller counts what is missing
-                time.sleep(float(row[0]))
                 continue
             kept = [group for group in kept if group.due > now]
             groups = [(group.token, group.rows) for group in due]
@@ -468,12 +503,10 @@ def _drain_handing_back(
                     continue
                 rows = []
             if not rows:
-                row = conn.execute(RAW_NEXT_RETRY).fetchone()
-                if row is None or row[0] is None:
+                if not wait_for_next_retry(conn):
                     break  # nothing left to wait for: the caller counts what is missing
-                time.sleep(float(row[0]))
                 continue
-            done = _publish(rows, token, publisher)
+            done = publish_rows(rows, token, publisher)
             if loop == "riding":
                 carried = done  # written by the next claim (the last one is left: untimed)
             elif loop == "parking":

@@ -37,10 +37,11 @@ from typing import Any
 from benchmarks.drain import RAW_MARK
 from benchmarks.harness import Context
 from benchmarks.raw_failures import (
-    RAW_NEXT_RETRY,
     RAW_SETTLE,
     Publisher,
     RawPass,
+    publish_rows,
+    wait_for_next_retry,
 )
 from sqla_outbox import queries
 
@@ -119,27 +120,6 @@ def claim(conn: Any, token: str, batch: int) -> list[Any]:
     return taken
 
 
-def _publish(rows: list[Any], token: str, publisher: Publisher) -> RawPass:
-    """Publish a claim's rows in order; a failed row holds back its transaction and key, and
-    what waits for them."""
-    done = RawPass(token)
-    holds = _Holds()
-    for row in rows:
-        if holds.holds(row):
-            done.held.append(row[_ID])
-            continue
-        try:
-            publisher.publish_id(row[_ID])
-        except Exception as failure:  # the publisher refused it: charge it
-            done.failed.append(row[_ID])
-            done.failed_at.append(row[_STAGED_AT])
-            holds.hold(row)
-            done.error = str(failure)
-            continue
-        done.published.append(row[_ID])
-    return done
-
-
 RAW_RETRIED_MARK = (
     "UPDATE outbox SET published_at = now(), "
     "attempts = attempts + cardinality(array_positions(%(failed)s::uuid[], id)), "
@@ -151,11 +131,12 @@ each row charged once per failure it had, in the same fenced statement."""
 
 
 def _publish_retrying(rows: list[Any], token: str, publisher: Publisher, retry: float) -> RawPass:
-    """Publish a claim's rows as :func:`_publish` does, then wait out the failures' backoff
-    and publish what they held back (the failed rows first), in order, until nothing fails."""
+    """Publish a claim's rows as :func:`~benchmarks.raw_failures.publish_rows` does, then wait
+    out the failures' backoff and publish what they held back (the failed rows first), in
+    order, until nothing fails."""
     done = RawPass(token)
     while rows:
-        part = _publish(rows, token, publisher)
+        part = publish_rows(rows, token, publisher, _Holds())
         done.published += part.published
         if not part.failed:
             break
@@ -193,17 +174,15 @@ def drain_raw_keyed(
             token = f"raw:{secrets.token_hex(8)}"
             rows = claim(conn, token, batch)
             if not rows:
-                row = conn.execute(RAW_NEXT_RETRY).fetchone()
-                if row is None or row[0] is None:
+                if not wait_for_next_retry(conn):
                     break  # nothing left to wait for: the caller counts what is missing
-                time.sleep(float(row[0]))
                 continue
             if retrying:
                 done = _publish_retrying(rows, token, publisher, retry)
                 params = {"token": token, "published": done.published, "failed": done.failed}
                 conn.execute(RAW_RETRIED_MARK, {**params, "error": done.error})
                 continue
-            done = _publish(rows, token, publisher)
+            done = publish_rows(rows, token, publisher, _Holds())
             if done.failed:
                 conn.execute(RAW_SETTLE, done.params("token", delay))
             else:

@@ -199,12 +199,6 @@ class Relay:
         ``None`` (default) does it for publishers that declare ``overlap = True`` (the bundled
         brokers where it was measured to pay); ``True``/``False`` decide for any publisher.
         PostgreSQL only: on SQLite and MySQL a relay claims between passes whatever this says.
-
-    .. attribute:: max_backoff
-
-        Seconds, the longest the loop waits before retrying after a database error or a broker
-        outage (default :data:`MAX_BACKOFF`). It is part of :attr:`liveness_bound`; set it
-        before :meth:`start`.
     """
 
     def __init__(
@@ -277,6 +271,9 @@ class Relay:
         if metrics is not None:
             self.observe(metrics)
         self.max_backoff = MAX_BACKOFF
+        """Seconds, the longest the loop waits before retrying after a database error or a broker
+        outage (default :data:`MAX_BACKOFF`). It is part of :attr:`liveness_bound`; set it before
+        :meth:`start`."""
         self._listener = None if poll_only else self._statements.listener(self.wake, self.relay_id)
         self.poll_only = self._listener is None
 
