@@ -7,8 +7,12 @@ traceback, so a message that needs a traceback to be understood is a bug in the 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 __all__ = [
     "ArgumentTypeError",
+    "ArgumentValueError",
     "BrokerError",
     "BrokerUnavailableError",
     "ConfigurationError",
@@ -31,6 +35,37 @@ class ConfigurationError(OutboxError, ValueError):
 
     It is also a ``ValueError`` so callers validating arguments the standard way catch it.
     """
+
+
+class ArgumentValueError(ConfigurationError):
+    """A setting's value refused, with the fix, written so that each front end spells the
+    settings its own way: Python as ``batch_size=500``, the command line as ``--batch-size 500``.
+
+    ``template`` marks each setting it names as ``«name»`` and each suggested value as
+    ``«name=value»``; :meth:`render` spells them, and ``str()`` is the Python spelling.
+    ``argument`` is the setting the error is about.
+    """
+
+    def __init__(self, argument: str, template: str) -> None:
+        self.argument = argument
+        self.template = template
+        super().__init__(self.render(_python_spelling))
+
+    def render(self, spell: Callable[[str, str | None], str]) -> str:
+        """The message with each ``«name»`` as ``spell(name, None)`` and each ``«name=value»``
+        as ``spell(name, value)``."""
+
+        def spelled(match: re.Match[str]) -> str:
+            return spell(match.group(1), match.group(2))
+
+        return _SETTING.sub(spelled, self.template)
+
+
+_SETTING = re.compile(r"«(\w+)(?:=([^»]*))?»")
+
+
+def _python_spelling(name: str, value: str | None) -> str:
+    return name if value is None else f"{name}={value}"
 
 
 class ArgumentTypeError(OutboxError, TypeError):

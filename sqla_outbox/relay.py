@@ -66,7 +66,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqla_outbox import queries, sweeping, waiting
 from sqla_outbox.claims import Claimed, WriteBack
 from sqla_outbox.engines import hide_password
-from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.errors import ArgumentValueError
 from sqla_outbox.liveness import Liveness, liveness_bound
 from sqla_outbox.logs import PassLog, describe_error, error_line, log_event
 from sqla_outbox.message import OutboxMessage
@@ -139,19 +139,21 @@ def _resolve_relay_id(relay_id: str | None) -> str:
     if relay_id is None:
         return f"relay-{uuid.uuid4()}"
     if not isinstance(relay_id, str) or not relay_id or len(relay_id) > _MAX_RELAY_ID:
-        raise ConfigurationError(
-            f"relay_id must be a non-empty string of at most {_MAX_RELAY_ID} characters, "
-            f"got {relay_id!r}. Omit it for a unique relay-<uuid4>."
+        raise ArgumentValueError(
+            "relay_id",
+            f"«relay_id» must be a non-empty string of at most {_MAX_RELAY_ID} characters, "
+            f"got {relay_id!r}. Omit it for a unique relay-<uuid4>.",
         )
     return relay_id
 
 
 def _resolve_order(order: object) -> str:
     if order not in queries.ORDERS:
-        raise ConfigurationError(
-            f"order must be 'key' or 'strict', got {order!r}. Pass order='key' (a message waits "
-            "only for its transaction and ordering key) or order='strict' (nothing overtakes a "
-            "failed message)."
+        raise ArgumentValueError(
+            "order",
+            f"«order» must be 'key' or 'strict', got {order!r}. Pass «order='key'» (a message "
+            "waits only for its transaction and ordering key) or «order='strict'» (nothing "
+            "overtakes a failed message).",
         )
     return str(order)
 

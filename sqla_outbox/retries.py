@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.errors import ArgumentValueError
 from sqla_outbox.settings import positive_seconds
 
 __all__ = [
@@ -67,16 +67,19 @@ def resolve_retry_policy(
         or isinstance(max_publish_attempts, bool)
         or max_publish_attempts < 1
     ):
-        raise ConfigurationError(
-            f"max_publish_attempts must be a whole number of at least 1, or None to retry for "
-            f"ever, got {max_publish_attempts!r}. Pass e.g. max_publish_attempts=10, or omit it "
-            f"for the default of {DEFAULT_MAX_PUBLISH_ATTEMPTS}."
+        raise ArgumentValueError(
+            "max_publish_attempts",
+            f"«max_publish_attempts» must be a whole number of at least 1, or "
+            f"«max_publish_attempts=None» to retry for ever, got {max_publish_attempts!r}. Pass "
+            f"e.g. «max_publish_attempts=10», or omit it for the default of "
+            f"{DEFAULT_MAX_PUBLISH_ATTEMPTS}.",
         )
     base = positive_seconds("retry_base", retry_base, "1", DEFAULT_RETRY_BASE)
     cap = positive_seconds("retry_max", retry_max, "300", DEFAULT_RETRY_MAX)
     if cap < base:
-        raise ConfigurationError(
-            f"retry_max must be at least retry_base, got retry_max={retry_max!r} and "
-            f"retry_base={retry_base!r}. Raise retry_max or lower retry_base."
+        raise ArgumentValueError(
+            "retry_max",
+            f"«retry_max» must be at least «retry_base», got «retry_max={retry_max!r}» and "
+            f"«retry_base={retry_base!r}». Raise «retry_max» or lower «retry_base».",
         )
     return RetryPolicy(max_publish_attempts, base, cap)

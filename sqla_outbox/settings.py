@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.errors import ArgumentValueError
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -41,9 +41,10 @@ def positive_seconds(name: str, value: object, example: str, default: float) -> 
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigurationError(
-            f"{name} must be a positive, finite number of seconds, got {value!r}. "
-            f"Pass e.g. {name}={example}, or omit it for the {default:g} s default."
+        raise ArgumentValueError(
+            name,
+            f"«{name}» must be a positive, finite number of seconds, got {value!r}. "
+            f"Pass e.g. «{name}={example}», or omit it for the {default:g} s default.",
         )
     return seconds
 
@@ -62,8 +63,9 @@ def resolve_poll_interval(value: object) -> float:
 def resolve_batch_size(value: object) -> int:
     """``batch_size`` as a positive ``int``, or ``ConfigurationError`` (a ``ValueError``)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigurationError(
-            f"batch_size must be a positive whole number, got {value!r}. "
-            f"Pass e.g. batch_size=500, or omit it for the default of {DEFAULT_BATCH_SIZE}."
+        raise ArgumentValueError(
+            "batch_size",
+            f"«batch_size» must be a positive whole number, got {value!r}. "
+            f"Pass e.g. «batch_size=500», or omit it for the default of {DEFAULT_BATCH_SIZE}.",
         )
     return value

@@ -198,7 +198,7 @@ def test_missing_table_names_the_fix(database_without_table: str, command: str) 
         ("--poll-interval", "-1", "positive, finite number of seconds"),
         ("--retry-base", "0", "positive, finite number of seconds"),
         ("--retry-max", "nan", "positive, finite number of seconds"),
-        ("--max-publish-attempts", "0", "whole number of at least 1, or 'never'"),
+        ("--max-publish-attempts", "0", "at least 1, or --max-publish-attempts never to"),
     ],
 )
 def test_bad_numbers_are_usage_errors_naming_the_flag(
@@ -257,7 +257,7 @@ def test_bad_order_names_the_flag_and_both_choices(sqlite_engine: Engine) -> Non
     line = assert_one_clean_error(result)
     assert line.startswith("Error: --order (from SQLA_OUTBOX_ORDER) must be 'key' or 'strict'")
     assert "'sideways'" in line
-    assert "Pass --order 'key'" in line
+    assert "Pass --order key (" in line and "or --order strict (" in line
     assert "ordering key" in line
 
 

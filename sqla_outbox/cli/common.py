@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from sqla_outbox import retention
 from sqla_outbox.engines import hide_password
-from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.errors import ArgumentValueError, ConfigurationError
 from sqla_outbox.logs import LOG_FORMATS, formatter
 from sqla_outbox.preflight import (
     RELAY_PRIVILEGES,
@@ -59,9 +59,8 @@ ENV_PREFIX = "SQLA_OUTBOX_"
 URL_EXAMPLE = "postgresql+psycopg://user:password@host/dbname"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-# Relay constructor argument -> the CLI option that feeds it. The library's messages start with
-# the argument's name and show it in the fix ("Pass e.g. claim_lease=30"); the CLI rewrites
-# both to the flag, so the user reads the name they actually typed.
+# Relay constructor argument -> the CLI option that feeds it: the library's messages about a
+# setting (ArgumentValueError) are spelled with the flag, so the user reads the name they typed.
 _FLAGS = {
     "batch_size": "--batch-size",
     "poll_interval": "--poll-interval",
@@ -72,9 +71,6 @@ _FLAGS = {
     "retry_base": "--retry-base",
     "retry_max": "--retry-max",
 }
-# An argument's name where it stands as a word (``retry_max=300``, ``order='key'``), never as part
-# of another (``ordering key``) or of a flag already written (``--order``).
-_ARGUMENT = re.compile(rf"(?<![\w-])({'|'.join(_FLAGS)})(?!\w)(=?)")
 NEVER = "never"
 """What ``--max-publish-attempts`` takes for "retry for ever" (the library's ``None``)."""
 
@@ -134,22 +130,31 @@ class DurationType(click.ParamType[dt.timedelta, Any]):
 
 
 def flag_error(ctx: click.Context, error: ConfigurationError) -> click.UsageError:
-    """The library's message for a bad argument, naming the flag (and its variable, when it came
-    from there) the user typed instead of the Python argument."""
-    message = str(error)
-    name = next((name for name in _FLAGS if message.startswith(f"{name} ")), None)
-    if name is None:
-        return click.UsageError(message, ctx)
+    """The library's message for a bad setting, with each setting it names spelled as the flag
+    the user typed (and, for the one at fault, the variable it came from, if it did).
 
-    def flag(match: re.Match[str]) -> str:
-        return _FLAGS[match.group(1)] + (" " if match.group(2) else "")
+    A :class:`~sqla_outbox.errors.ArgumentValueError` says which settings its message names and
+    where; any other error is shown as it is.
+    """
+    if not isinstance(error, ArgumentValueError):
+        return click.UsageError(str(error), ctx)
+    source = ""
+    if error.argument in _FLAGS and (
+        ctx.get_parameter_source(error.argument) is ParameterSource.ENVIRONMENT
+    ):
+        source = f" (from {env(error.argument.upper())})"
 
-    message = _ARGUMENT.sub(flag, message)
-    if name == "max_publish_attempts":
-        message = message.replace("or None to", f"or {NEVER!r} to")
-    if ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT:
-        message = message.replace(_FLAGS[name], f"{_FLAGS[name]} (from {env(name.upper())})", 1)
-    return click.UsageError(message, ctx)
+    def spell(name: str, value: str | None) -> str:
+        flag = _FLAGS.get(name, name)
+        if name == error.argument and value is None:
+            flag += source
+        if value is None:
+            return flag
+        if name == "max_publish_attempts" and value == "None":
+            return f"{flag} {NEVER}"
+        return f"{flag} {value.strip(chr(39))}"
+
+    return click.UsageError(error.render(spell), ctx)
 
 
 def require_url(ctx: click.Context, url: str | None) -> URL:

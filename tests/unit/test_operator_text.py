@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 import sqla_outbox as outbox
 from sqla_outbox.cli.common import ERROR_SHOWN, first_line
-from sqla_outbox.errors import ConfigurationError
+from sqla_outbox.errors import ArgumentValueError, ConfigurationError
 from sqla_outbox.preflight import database_url
 
 REFUSED = (
@@ -45,3 +45,15 @@ def test_nul_is_refused_with_a_reason_that_holds_on_every_database() -> None:
         outbox.enqueue(session, "job", {"text": "a\x00b"})
     assert "refuses NUL on every database" in str(info.value)
     engine.dispose()
+
+
+def test_a_settings_error_is_spelled_by_each_front_end() -> None:
+    """Python reads ``retry_max=1``; a command line spells the same settings as its flags, from
+    the error's structure rather than by rewriting its text."""
+    error = ArgumentValueError(
+        "retry_max", "«retry_max» must be at least «retry_base», got «retry_max=1»."
+    )
+    assert str(error) == "retry_max must be at least retry_base, got retry_max=1."
+    flags = error.render(lambda name, value: f"--{name}" + ("" if value is None else f" {value}"))
+    assert flags == "--retry_max must be at least --retry_base, got --retry_max 1."
+    assert isinstance(error, ConfigurationError) and error.argument == "retry_max"
