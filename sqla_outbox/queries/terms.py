@@ -1,15 +1,8 @@
 """The words every statement is built from: the table, a message's columns, and the predicates
 that say what a row is (unpublished, holding, claimable, stuck) in one spelling each.
 
-Whose clock is "now"
---------------------
-On PostgreSQL every instant a statement compares with is the database's clock (``now()``, and
-``now() + :interval`` for an instant ahead or behind), so relays on hosts with skewed clocks
-agree on leases and backoffs. SQLite has no server and a single host, and MySQL's and MariaDB's
-``DATETIME(6)`` columns hold UTC without a zone, whatever the server's ``time_zone``: there the
-relay passes its own UTC time as ``:now`` and the instants it derives from it
-(:func:`sqla_outbox.clock.instants`). :func:`now`, :func:`from_now` and :func:`lease_cutoff`
-are the only places a statement names an instant.
+Whose clock is "now" is decided once, in :mod:`sqla_outbox.clock`; :func:`now`,
+:func:`from_now` and :func:`lease_cutoff` are the only places a statement names an instant.
 """
 
 from __future__ import annotations

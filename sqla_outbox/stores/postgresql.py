@@ -16,8 +16,7 @@ What it does for speed, and why it is safe:
   a row in flight before its candidates goes once more, past the first candidate's
   transaction: a second relay finds the next transaction of a large backlog in two statements.
 * A pass with a failure writes back in one statement (:func:`~sqla_outbox.queries.settle_stmt`).
-* Timestamps come from the server's clock (``now()``), so relays on hosts with skewed clocks
-  agree on leases and backoffs.
+* Instants are the server's (:mod:`sqla_outbox.clock`).
 """
 
 from __future__ import annotations
