@@ -13,6 +13,7 @@ from sqla_outbox.dead_letters import DeadLetter, dead_letters, discard_dead, ret
 from sqla_outbox.engines import create_engine
 from sqla_outbox.errors import (
     ArgumentTypeError,
+    ArgumentValueError,
     BrokerError,
     BrokerUnavailableError,
     ConfigurationError,
@@ -35,6 +36,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TABLE_NAME",
     "ArgumentTypeError",
+    "ArgumentValueError",
     "BatchPublisher",
     "BrokerError",
     "BrokerUnavailableError",
