@@ -106,6 +106,7 @@ __all__ = [
     "check_json",
     "json_snapshot",
     "max_input_depth",
+    "text_problem",
 ]
 
 DEFAULT_QUEUE = "default"
@@ -184,7 +185,7 @@ _SURROGATE_FIX = (
 )
 
 
-def _text_problem(value: str) -> tuple[str, str] | None:
+def text_problem(value: str) -> tuple[str, str] | None:
     """What PostgreSQL would refuse in ``value`` (a NUL or a surrogate) and the fix, or ``None``."""
     if value.isascii():
         return (_NUL, _NUL_FIX) if "\x00" in value else None
@@ -211,7 +212,7 @@ def _text(subject: str, value: object, fix: str = "") -> str:
             f"{subject} is longer than the column's {MAX_TEXT_LENGTH} characters ({len(value)}): "
             f"{_shown(value)}. Shorten it (e.g. a hash of the long value).{fix}"
         )
-    problem = _text_problem(value)
+    problem = text_problem(value)
     if problem is not None:
         raise ConfigurationError(f"{subject} contains {problem[0]}: {_shown(value)}. {problem[1]}")
     return value
@@ -374,7 +375,7 @@ def _plain_scalar(value: Any) -> Any:
         return value
     if isinstance(value, str):
         value = str.__str__(value)  # a StrEnum member: the text json.dumps writes
-        problem = _text_problem(value)
+        problem = text_problem(value)
         if problem is not None:
             raise _InputError(
                 ConfigurationError, f"has a string with {problem[0]}: {_shown(value)}", problem[1]
@@ -414,7 +415,7 @@ def _plain_key(key: Any) -> str:
         refusal.steps.append(f" (key {_shown(key)})")
         raise refusal
     text = str.__str__(key)  # a StrEnum member: the text json.dumps writes
-    problem = _text_problem(text)
+    problem = text_problem(text)
     if problem is not None:
         refusal = _InputError(ConfigurationError, f"has a key with {problem[0]}", problem[1])
         refusal.steps.append(f" (key {_shown(text)})")
