@@ -49,6 +49,7 @@ __all__ = [
     "compact_json",
     "spelled",
     "wire_fields",
+    "wire_name",
 ]
 
 
@@ -183,6 +184,16 @@ def wire_fields(
         for field in FIELDS
         if field.name not in elsewhere
     )
+
+
+def wire_name(table: tuple[WireField, ...], field: str) -> str:
+    """The name ``table`` (one broker's :func:`wire_fields`) gives ``field``: what a consumer of
+    that broker reads it under. ``KeyError`` if the broker carries it elsewhere."""
+    position = OutboxMessage._fields.index(field)
+    for name, at, _spell, _optional in table:
+        if at == position:
+            return name
+    raise KeyError(field)
 
 
 def spelled(message: OutboxMessage, table: tuple[WireField, ...]) -> dict[str, Any]:

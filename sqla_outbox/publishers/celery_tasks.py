@@ -192,7 +192,7 @@ CARRIED_ELSEWHERE = MappingProxyType(
 # Renamed so as not to be read as Celery's own: ``id`` is the task id in Celery's protocol, and
 # the Celery queue may differ from the outbox's (``queue_map``).
 _RENAMED = {"id": "outbox_id", "queue": "outbox_queue"}
-_HEADERS = wire_fields(
+WIRE_FIELDS = wire_fields(
     lambda name: _RENAMED.get(name, name), text=False, elsewhere=CARRIED_ELSEWHERE
 )
 
@@ -206,7 +206,7 @@ def task_headers(message: OutboxMessage) -> dict[str, Any]:
     Celery instrumentation looks for the parent span.
     """
     headers: dict[str, Any] = {}
-    for name, position, spell, _optional in _HEADERS:
+    for name, position, spell, _optional in WIRE_FIELDS:
         value = message[position]
         headers[name] = value if spell is None or value is None else spell(value)
     return headers

@@ -157,14 +157,14 @@ def _header_name(field: str) -> str:
     return _OWN_NAMES.get(field) or "X-Outbox-" + "-".join(words)
 
 
-_HEADERS = wire_fields(
+WIRE_FIELDS = wire_fields(
     _header_name, text=True, elsewhere=set(OutboxMessage._fields) - _HEADER_FIELDS
 )
 
 
 def message_headers(message: OutboxMessage) -> dict[str, str]:
     """The headers that describe ``message`` (see the module docs), before any signature."""
-    headers: dict[str, str] = spelled(message, _HEADERS)
+    headers: dict[str, str] = spelled(message, WIRE_FIELDS)
     headers["Content-Type"] = "application/json"
     return headers
 
@@ -174,7 +174,7 @@ def message_headers(message: OutboxMessage) -> dict[str, str]:
 _OWN_HEADERS = frozenset(
     {
         "content-type",
-        *(name.lower() for name, *_ in _HEADERS),
+        *(name.lower() for name, *_ in WIRE_FIELDS),
         SIGNATURE_HEADER.lower(),
         TIMESTAMP_HEADER.lower(),
     }

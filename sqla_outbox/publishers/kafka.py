@@ -171,7 +171,9 @@ CARRIED_ELSEWHERE = MappingProxyType(
 
 # The header of each field: its name with dashes for underscores (``idempotency-key``), its
 # text spelling in UTF-8.
-_HEADERS = wire_fields(lambda name: name.replace("_", "-"), text=True, elsewhere=CARRIED_ELSEWHERE)
+WIRE_FIELDS = wire_fields(
+    lambda name: name.replace("_", "-"), text=True, elsewhere=CARRIED_ELSEWHERE
+)
 _CONTENT_TYPE = ("content-type", b"application/json")
 
 
@@ -183,7 +185,7 @@ def record_headers(message: OutboxMessage) -> list[tuple[str, bytes]]:
     valid Unicode (a lone surrogate), which the publisher reports as a message failure.
     """
     headers = [_CONTENT_TYPE]
-    for name, position, spell, optional in _HEADERS:
+    for name, position, spell, optional in WIRE_FIELDS:
         value: Any = message[position]
         if value is None and optional:
             continue

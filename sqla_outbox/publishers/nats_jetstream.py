@@ -153,12 +153,12 @@ def _header_name(field: str) -> str:
     )
 
 
-_HEADERS = wire_fields(_header_name, text=True, elsewhere=CARRIED_ELSEWHERE)
+WIRE_FIELDS = wire_fields(_header_name, text=True, elsewhere=CARRIED_ELSEWHERE)
 
 
 def message_headers(message: OutboxMessage) -> dict[str, str]:
     """The NATS headers sent with ``message`` (see the module docs); ``None`` values left out."""
-    headers: dict[str, str] = spelled(message, _HEADERS)
+    headers: dict[str, str] = spelled(message, WIRE_FIELDS)
     headers["Content-Type"] = "application/json"
     return headers
 

@@ -127,7 +127,7 @@ key, ``type`` the job, ``timestamp`` the staging time in whole seconds."""
 # Each field under its own name, as to_dict() spells it (max_attempts an AMQP integer). None
 # values are left out rather than sent as AMQP "void": some client libraries cannot decode void
 # table values.
-_HEADERS = wire_fields(lambda name: name, text=False, elsewhere=CARRIED_ELSEWHERE)
+WIRE_FIELDS = wire_fields(lambda name: name, text=False, elsewhere=CARRIED_ELSEWHERE)
 
 if pika is not None:
     # The connection, not the message: lost, closed by the broker, or a channel that is gone
@@ -398,7 +398,7 @@ def _properties(message: OutboxMessage) -> Any:
         type=message.job,
         timestamp=int(message.staged_at.timestamp()),
         app_id=APP_ID,
-        headers=spelled(message, _HEADERS),
+        headers=spelled(message, WIRE_FIELDS),
     )
 
 

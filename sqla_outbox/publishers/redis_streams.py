@@ -121,7 +121,7 @@ def _require_client() -> None:
 CARRIED_ELSEWHERE: Mapping[str, str] = MappingProxyType({})
 """None: a stream entry is only fields, so every field is one, ``input`` included (as JSON)."""
 
-_FIELDS = wire_fields(lambda name: name, text=True, elsewhere=CARRIED_ELSEWHERE)
+WIRE_FIELDS = wire_fields(lambda name: name, text=True, elsewhere=CARRIED_ELSEWHERE)
 
 
 def entry_fields(message: OutboxMessage) -> dict[str, str]:
@@ -130,7 +130,7 @@ def entry_fields(message: OutboxMessage) -> dict[str, str]:
 
     A field that is ``None`` is left out (see the module docs); the others are always present.
     """
-    fields: dict[str, str] = spelled(message, _FIELDS)
+    fields: dict[str, str] = spelled(message, WIRE_FIELDS)
     return fields
 
 
