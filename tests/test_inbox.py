@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from support import wait_until
 
 from sqla_outbox import inbox
+from sqla_outbox.cli import main
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
 
 business = MetaData()
@@ -158,3 +159,23 @@ def test_purge_deletes_the_keys_older_than_the_window(db: Engine) -> None:
         assert inbox.receive(session, "old-1")  # purged: outside the window, new again
         assert not inbox.receive(session, "new")
         session.rollback()
+
+
+def test_the_cli_purges_old_keys(sqlite_engine: Engine, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sqla-outbox inbox purge --older-than 7d` deletes the old keys and says how many; without
+    --older-than it is a usage error naming the flag and its variable."""
+    inbox.metadata.create_all(sqlite_engine)
+    with Session(sqlite_engine) as session:
+        inbox.receive(session, "old")
+        inbox.receive(session, "new")
+        session.commit()
+    with sqlite_engine.begin() as conn:
+        month_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)
+        row = inbox.InboxRow
+        conn.execute(update(row).where(row.key == "old").values(received_at=month_ago))
+    url = sqlite_engine.url.render_as_string(hide_password=False)
+
+    assert main(["inbox", "purge", "--url", url, "--older-than", "7d"]) == 0
+    assert capsys.readouterr().out == "Purged 1 inbox key older than 7d.\n"
+    assert main(["inbox", "purge", "--url", url]) == 2
+    assert "SQLA_OUTBOX_INBOX_OLDER_THAN" in capsys.readouterr().err

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import click
 
 from sqla_outbox.cli.dead import dead
+from sqla_outbox.cli.inbox import inbox
 from sqla_outbox.cli.purge import purge_command
 from sqla_outbox.cli.relay import relay
 from sqla_outbox.cli.status import status
@@ -67,7 +68,7 @@ def demo(keep: bool) -> int:
     return run_demo(keep=keep)
 
 
-for command in (relay, status, dead, purge_command, demo):
+for command in (relay, status, dead, purge_command, inbox, demo):
     cli.add_command(command)
 
 
