@@ -29,6 +29,7 @@ from benchmarks import (
     enqueue,
     held_back,
     hot_keys,
+    inbox,
     large_transactions,
     latency,
     memory,
@@ -77,6 +78,7 @@ WORKLOADS = (
     Workload("brokers", "brokers", brokers.run),
     Workload("drain_observed", "observed", observed.run),
     Workload("purge", "purge", purge.run),
+    Workload("inbox", "inbox", inbox.run),
 )
 
 MYSQL_WORKLOADS = (

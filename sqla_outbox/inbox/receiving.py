@@ -25,6 +25,7 @@ Keys and consumer names are checked before anything runs: ``None``, ``''``, more
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Any
 
 from sqlalchemy import Connection, Insert, func, insert
@@ -72,9 +73,11 @@ def receive(session: Session | Connection, key: str, *, consumer: str = DEFAULT_
     return result.first() is not None
 
 
+@functools.cache
 def record_stmt(dialect: str) -> Insert:
     """The ``INSERT`` of one ``(consumer, key)`` that does nothing for a key already there;
-    ``received_at`` is the database's clock where it rules (:mod:`sqla_outbox.clock`)."""
+    ``received_at`` is the database's clock where it rules (:mod:`sqla_outbox.clock`). Built
+    once per dialect: building the statement costs more than SQLAlchemy's cached compile of it."""
     table = inbox_table
     # RETURNING says whether the row went in (rowcount is not reliable across drivers for an
     # INSERT that may do nothing); MySQL has no INSERT ... RETURNING, and PyMySQL's rowcount is.
