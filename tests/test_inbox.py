@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, select, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from support import wait_until
 
 from sqla_outbox import inbox
@@ -179,3 +179,27 @@ def test_the_cli_purges_old_keys(sqlite_engine: Engine, capsys: pytest.CaptureFi
     assert capsys.readouterr().out == "Purged 1 inbox key older than 7d.\n"
     assert main(["inbox", "purge", "--url", url]) == 2
     assert "SQLA_OUTBOX_INBOX_OLDER_THAN" in capsys.readouterr().err
+
+
+def test_a_handler_runs_once_per_key_and_again_after_a_failure(db: Engine) -> None:
+    """Two deliveries of one Redis Streams entry run the function once; a delivery whose
+    function raises records nothing, so the next delivery runs it."""
+    sessions = sessionmaker(db)
+    calls: list[str] = []
+
+    @inbox.handler(sessions, consumer="mailer")
+    def send(session: Session, fields: dict[str, str]) -> None:
+        calls.append(fields["idempotency_key"])
+        if fields.get("fail"):
+            raise RuntimeError("the mail server refused")
+        session.execute(update(counters).values(n=counters.c.n + 1))
+
+    entry = {"idempotency_key": "k-1", "job": "send_receipt"}
+    assert send(entry) is True
+    assert send(dict(entry)) is False
+    failing = {"idempotency_key": "k-2", "fail": "yes"}
+    with pytest.raises(RuntimeError):
+        send(failing)
+    assert send({"idempotency_key": "k-2"}) is True
+    assert calls == ["k-1", "k-2", "k-2"]
+    assert counter(db) == 2

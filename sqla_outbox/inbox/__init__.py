@@ -10,6 +10,8 @@ consumer's commit, that is effectively-once processing.
 * :class:`InboxRow` (table ``outbox_inbox``), :data:`metadata` and :data:`SCHEMA_VERSION`: the
   table, on its own ``MetaData`` (``inbox.metadata.create_all(engine)``, or the application's
   Alembic ``target_metadata``).
+* :func:`handler` wraps a consumer's ``fn(session, message)`` to run once per key, committing
+  before the broker is acknowledged (:mod:`sqla_outbox.inbox.handling` has the ack order).
 * :func:`key_of` reads a message's key from what each bundled broker's client delivers.
 * :func:`purge` deletes old keys; its ``older_than`` is the deduplication window
   (:mod:`sqla_outbox.inbox.retention`).
@@ -17,6 +19,7 @@ consumer's commit, that is effectively-once processing.
 ``from sqla_outbox import inbox`` loads it; the outbox alone never does.
 """
 
+from sqla_outbox.inbox.handling import handler
 from sqla_outbox.inbox.keys import key_of
 from sqla_outbox.inbox.model import KEY_LENGTH, SCHEMA_VERSION, TABLE_NAME, InboxRow, metadata
 from sqla_outbox.inbox.receiving import DEFAULT_CONSUMER, receive
@@ -28,6 +31,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TABLE_NAME",
     "InboxRow",
+    "handler",
     "key_of",
     "metadata",
     "purge",
