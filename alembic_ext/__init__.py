@@ -132,6 +132,7 @@ Things to know
 from __future__ import annotations
 
 from alembic_ext import compare as compare
+from alembic_ext import inbox as inbox
 from alembic_ext import render as render
 from alembic_ext.compare import compare_outbox_table, is_outbox_table, outbox_version
 from alembic_ext.ops import (
