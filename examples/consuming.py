@@ -2,7 +2,8 @@
 
 Delivery is at least once: a relay killed between the broker's confirm and its mark publishes
 the message again, with the same idempotency key. Each consumer below records that key in the
-same transaction as the job's effect (``process_once``), so a second delivery changes nothing.
+same transaction as the job's effect (``process_once``, through :mod:`sqla_outbox.inbox`), so a
+second delivery changes nothing.
 
 The broker clients are passed in (a ``redis.Redis``, a pika channel, a JetStream context, a
 ``confluent_kafka.Consumer``, a Celery app), so this module imports none of them.
@@ -20,38 +21,21 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import String
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
+from sqla_outbox import inbox
 
 # --8<-- [start:dedup]
-class Base(DeclarativeBase):
-    pass
-
-
-class ProcessedMessage(Base):
-    """One row per message whose effect is committed; the key is the primary key."""
-
-    __tablename__ = "processed_messages"
-    idempotency_key: Mapped[str] = mapped_column(String(255), primary_key=True)
-
-
 Effect = Callable[[Session, Any], None]  # the job's own writes, given the message's input
 
 
 def process_once(sessions: sessionmaker[Session], key: str, effect: Effect, input: Any) -> bool:
-    """Run ``effect`` and record ``key`` in one transaction. False, and nothing done, when the
-    key is recorded already: the message was processed before."""
-    with sessions() as session:
-        session.add(ProcessedMessage(idempotency_key=key))
-        try:
-            session.flush()  # a second delivery fails here, before the effect runs
-        except IntegrityError:
-            session.rollback()
-            return False
-        effect(session, input)
-        session.commit()  # the effect and the key commit together, or neither does
+    """Run ``effect`` and record ``key`` in one transaction (the inbox). False, and nothing
+    done, when a committed transaction recorded the key already: the message was processed."""
+    with sessions() as session, session.begin():  # commits on leaving, or rolls back
+        if not inbox.receive(session, key, consumer="mailer"):
+            return False  # a duplicate (a concurrent delivery waited for the first's commit)
+        effect(session, input)  # the effect and the key commit together, or neither does
     return True
 
 

@@ -71,7 +71,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
-from sqla_outbox import OutboxMessage
+from sqla_outbox import OutboxMessage, inbox
 from sqla_outbox.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -851,7 +851,7 @@ class Consumers:
 def consumers(tmp_path: Path) -> Iterator[Consumers]:
     module = load_example("consuming")
     engine = create_engine(f"sqlite:///{tmp_path / 'consumer.sqlite3'}")
-    module.Base.metadata.create_all(engine)
+    inbox.metadata.create_all(engine)
     yield Consumers(module, sessionmaker(engine), [])
     engine.dispose()
 
