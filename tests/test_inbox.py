@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 from support import wait_until
@@ -203,3 +204,23 @@ def test_a_handler_runs_once_per_key_and_again_after_a_failure(db: Engine) -> No
     assert send({"idempotency_key": "k-2"}) is True
     assert calls == ["k-1", "k-2", "k-2"]
     assert counter(db) == 2
+
+
+def test_each_duplicate_absorbed_is_counted_per_consumer(db: Engine) -> None:
+    """``sqla_outbox_inbox_duplicates_total{consumer}`` in the default registry."""
+
+    def counted() -> float:
+        value = REGISTRY.get_sample_value(
+            "sqla_outbox_inbox_duplicates_total", {"consumer": "counted"}
+        )
+        return value or 0.0
+
+    before = counted()
+    with Session(db) as session:
+        assert inbox.receive(session, "c1", consumer="counted")
+        session.commit()
+    for _ in range(2):
+        with Session(db) as session:
+            assert not inbox.receive(session, "c1", consumer="counted")
+            session.rollback()
+    assert counted() - before == 2

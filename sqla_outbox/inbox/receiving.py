@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from sqla_outbox.clock import server_clock
 from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
+from sqla_outbox.inbox.counting import count_duplicate
 from sqla_outbox.inbox.model import KEY_LENGTH, InboxRow, inbox_table
 from sqla_outbox.validation import text_problem
 
@@ -68,9 +69,12 @@ def receive(session: Session | Connection, key: str, *, consumer: str = DEFAULT_
     if not server_clock(dialect):
         params["received_at"] = dt.datetime.now(dt.timezone.utc)
     result = session.execute(record_stmt(dialect), params)
-    if dialect in MYSQL_DIALECTS:
-        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
-    return result.first() is not None
+    # MySQL has no INSERT ... RETURNING; PyMySQL's rowcount of INSERT IGNORE is reliable.
+    mysql = dialect in MYSQL_DIALECTS
+    first = result.rowcount == 1 if mysql else result.first() is not None  # type: ignore[attr-defined]
+    if not first:
+        count_duplicate(checked_consumer)
+    return first
 
 
 @functools.cache
