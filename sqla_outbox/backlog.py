@@ -20,15 +20,24 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, func, inspect, select
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from sqla_outbox.engines import hide_password
 from sqla_outbox.preflight import STATUS_PRIVILEGES, checked_transaction
 from sqla_outbox.settings import DEFAULT_CLAIM_LEASE, resolve_claim_lease
 from sqla_outbox.stores.operating import operations_for
 
-__all__ = ["HOLDING_SHOWN", "HoldingRow", "OutboxStatus", "RelayClaims", "read_status", "status"]
+__all__ = [
+    "HOLDING_SHOWN",
+    "HoldingRow",
+    "InboxStatus",
+    "OutboxStatus",
+    "RelayClaims",
+    "read_status",
+    "status",
+]
 
 HOLDING_SHOWN = 10
 """Failed rows a status lists (the first, in claim order); ``failing`` counts them all."""
@@ -70,6 +79,15 @@ class HoldingRow:
 
 
 @dataclass
+class InboxStatus:
+    """The consumers' inbox in the same database (:mod:`sqla_outbox.inbox`): how many keys it
+    keeps and when the oldest was received (ISO 8601 text); what its retention works on."""
+
+    keys: int
+    oldest_received_at: str | None
+
+
+@dataclass
 class OutboxStatus:
     """The backlog at one instant; ``sqla-outbox status --json`` prints :meth:`to_dict`.
 
@@ -94,6 +112,8 @@ class OutboxStatus:
     claim_lease_seconds: float
     relays: list[RelayClaims] = field(default_factory=list)
     holding: list[HoldingRow] = field(default_factory=list)
+    inbox: InboxStatus | None = None
+    """The inbox, when its table is in the database (and readable)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, nested objects as dicts: what ``status --json`` prints."""
@@ -143,7 +163,24 @@ def read_status(conn: Connection, lease: dt.timedelta) -> OutboxStatus:
         claim_lease_seconds=lease.total_seconds(),
         relays=list(by_relay.values()),
         holding=[_holding_row(row, now) for row in holding],
+        inbox=_inbox_status(conn),
     )
+
+
+def _inbox_status(conn: Connection) -> InboxStatus | None:
+    """The inbox's size and oldest key, or ``None`` without an inbox table or the right to read
+    it (in a savepoint: a refusal must not end the status's transaction)."""
+    from sqla_outbox.inbox.model import TABLE_NAME, inbox_table  # noqa: PLC0415 - optional part
+
+    if not inspect(conn).has_table(TABLE_NAME):
+        return None
+    read = select(func.count(), func.min(inbox_table.c.received_at))
+    try:
+        with conn.begin_nested():
+            keys, oldest = conn.execute(read).one()
+    except DBAPIError:
+        return None
+    return InboxStatus(int(keys), None if oldest is None else oldest.isoformat())
 
 
 def _holding_row(row: Any, now: dt.datetime) -> HoldingRow:

@@ -17,6 +17,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, select, t
 from sqlalchemy.orm import Session, sessionmaker
 from support import wait_until
 
+import sqla_outbox as outbox
 from sqla_outbox import inbox
 from sqla_outbox.cli import main
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
@@ -224,3 +225,18 @@ def test_each_duplicate_absorbed_is_counted_per_consumer(db: Engine) -> None:
             assert not inbox.receive(session, "c1", consumer="counted")
             session.rollback()
     assert counted() - before == 2
+
+
+def test_status_shows_the_inbox(db: Engine) -> None:
+    """``outbox.status`` (and ``sqla-outbox status``) report the inbox's size and oldest key
+    when its table is in the database, and nothing of it otherwise."""
+    outbox.metadata.create_all(db)
+    with Session(db) as session:
+        inbox.receive(session, "s1")
+        inbox.receive(session, "s2")
+        session.commit()
+    report = outbox.status(db)
+    assert report.inbox is not None and report.inbox.keys == 2
+    assert report.inbox.oldest_received_at is not None
+    inbox.metadata.drop_all(db)
+    assert outbox.status(db).inbox is None

@@ -169,6 +169,9 @@ def _status_table(report: OutboxStatus) -> str:
         if report.dead:
             lines.append("  Dead letters: see `sqla-outbox dead list`, then `dead retry|discard`.")
         lines.append("")
+    if report.inbox is not None:
+        oldest = report.inbox.oldest_received_at or "-"
+        lines += [f"Inbox: {report.inbox.keys} keys, the oldest received {oldest}", ""]
     if not report.relays:
         lines.append("Live claims: none")
         return "\n".join(lines)
