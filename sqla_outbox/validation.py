@@ -104,6 +104,7 @@ __all__ = [
     "TRACEPARENT_LENGTH",
     "build_message",
     "check_json",
+    "checked_text",
     "json_snapshot",
     "max_input_depth",
     "text_problem",
@@ -197,16 +198,17 @@ def text_problem(value: str) -> tuple[str, str] | None:
     return f"a lone surrogate {found.group()!r} at index {found.start()}", _SURROGATE_FIX
 
 
-def _text(subject: str, value: object, fix: str = "") -> str:
-    """``value`` as a plain ``str`` that the column ``subject`` names takes, or raise."""
+def checked_text(subject: str, value: object, fix: str = "", *, optional: bool = True) -> str:
+    """``value`` as a plain ``str`` that a ``VARCHAR(255)`` column (``subject`` names it) takes
+    on every database, or raise naming it and ``fix``: the one check of every text field.
+    ``optional``: the field may also be ``None`` (checked by the caller), as the message says."""
+    wanted = "a non-empty str or None" if optional else "a non-empty str"
     if type(value) is not str:
         if not isinstance(value, str):
-            raise ArgumentTypeError(
-                f"{subject} must be a non-empty str or None, got {_shown(value)}.{fix}"
-            )
+            raise ArgumentTypeError(f"{subject} must be {wanted}, got {_shown(value)}.{fix}")
         value = str.__str__(value)  # a StrEnum member or other subclass: its plain text
     if not value:
-        raise ArgumentTypeError(f"{subject} must be a non-empty str or None, got ''.{fix}")
+        raise ArgumentTypeError(f"{subject} must be {wanted}, got ''.{fix}")
     if len(value) > MAX_TEXT_LENGTH:
         raise ConfigurationError(
             f"{subject} is longer than the column's {MAX_TEXT_LENGTH} characters ({len(value)}): "
@@ -219,7 +221,7 @@ def _text(subject: str, value: object, fix: str = "") -> str:
 
 
 def _optional_text(job: str, field: str, value: object, fix: str = "") -> str | None:
-    return None if value is None else _text(f"{field} for {_job_label(job)}", value, fix)
+    return None if value is None else checked_text(f"{field} for {_job_label(job)}", value, fix)
 
 
 # --- the job and its handle -------------------------------------------------------------------
@@ -246,7 +248,7 @@ def _job_fields(job: object) -> tuple[str, str | None, int | None]:
             f"job name must be a non-empty string, got {_shown(name)}. "
             "Pass the name consumers route on, e.g. 'send_receipt'."
         )
-    name = _text("job name", name)
+    name = checked_text("job name", name)
     if handle is None:
         return name, None, None
     queue = _optional_text(

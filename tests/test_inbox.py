@@ -128,7 +128,7 @@ def test_a_key_is_new_once_per_consumer(db: Engine) -> None:
         ("", ConfigurationError, "key must be a non-empty str, got ''"),
         ("k" * 256, ConfigurationError, "longer than the column's 255 characters"),
         ("a\x00b", ConfigurationError, "NUL"),
-        (42, ArgumentTypeError, "key must be a str, got int 42"),
+        (42, ArgumentTypeError, "key must be a non-empty str, got 42"),
     ],
 )
 def test_a_bad_key_is_refused_and_the_session_goes_on(

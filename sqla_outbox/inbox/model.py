@@ -19,14 +19,15 @@ from sqlalchemy import Index, MetaData, String, Table
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sqla_outbox.coltypes import UTCDateTime
+from sqla_outbox.validation import MAX_TEXT_LENGTH
 
 __all__ = ["KEY_LENGTH", "SCHEMA_VERSION", "TABLE_NAME", "InboxRow", "inbox_table", "metadata"]
 
 SCHEMA_VERSION = 1
 """The inbox table version this sqla-outbox reads and writes."""
 TABLE_NAME = "outbox_inbox"
-KEY_LENGTH = 255
-"""Characters in ``consumer`` and ``key``: the outbox's ``idempotency_key`` is as long."""
+KEY_LENGTH = MAX_TEXT_LENGTH
+"""Characters in ``consumer`` and ``key``: as many as the outbox's ``idempotency_key``."""
 
 metadata = MetaData()
 """The ``MetaData`` holding the inbox table and nothing else."""

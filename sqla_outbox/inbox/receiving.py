@@ -37,7 +37,7 @@ from sqla_outbox.coltypes import MYSQL_DIALECTS
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
 from sqla_outbox.inbox.counting import count_duplicate
 from sqla_outbox.inbox.model import KEY_LENGTH, InboxRow, inbox_table
-from sqla_outbox.validation import text_problem
+from sqla_outbox.validation import checked_text
 
 __all__ = ["DEFAULT_CONSUMER", "receive", "record_stmt"]
 
@@ -102,16 +102,6 @@ def _checked(name: str, value: object) -> str:
     fix = f" Pass the message's idempotency key as a str of 1 to {KEY_LENGTH} characters."
     if name == "consumer":
         fix = f" Pass a consumer name of 1 to {KEY_LENGTH} characters, e.g. consumer='billing'."
-    if value is None or value == "":
+    if value is None or value == "":  # no key at all is a bad value here, not a bad type
         raise ConfigurationError(f"{name} must be a non-empty str, got {value!r}.{fix}")
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{name} must be a str, got {type(value).__name__} {value!r}.{fix}")
-    if len(value) > KEY_LENGTH:
-        raise ConfigurationError(
-            f"{name} is longer than the column's {KEY_LENGTH} characters ({len(value)}): "
-            f"{value[:40]!r}...{fix}"
-        )
-    problem = text_problem(value)
-    if problem is not None:
-        raise ConfigurationError(f"{name} contains {problem[0]}: {value!r}. {problem[1]}")
-    return str.__str__(value)
+    return checked_text(name, value, fix, optional=False)
