@@ -12,6 +12,7 @@ consumer's commit, that is effectively-once processing.
   Alembic ``target_metadata``).
 * :func:`handler` wraps a consumer's ``fn(session, message)`` to run once per key, committing
   before the broker is acknowledged (:mod:`sqla_outbox.inbox.handling` has the ack order).
+* :func:`~sqla_outbox.inbox.celery.inbox_task` does the same for a Celery task (``acks_late``).
 * :func:`key_of` reads a message's key from what each bundled broker's client delivers.
 * :func:`purge` deletes old keys; its ``older_than`` is the deduplication window
   (:mod:`sqla_outbox.inbox.retention`).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
 from support import (
     MakeRelay,
     free_port,
@@ -37,14 +39,16 @@ from support import (
 )
 
 import sqla_outbox as outbox
+from sqla_outbox import inbox
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError, PublishError
+from sqla_outbox.inbox.celery import inbox_task
 from sqla_outbox.message import OutboxMessage
 
 pytest.importorskip("celery", reason='the Celery publisher needs pip install "sqla-outbox[celery]"')
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from celery.signals import after_task_publish
+from celery.signals import after_task_publish, task_postrun
 from kombu import Connection, Exchange, Queue
 
 from sqla_outbox.publishers.celery_tasks import CeleryPublisher, CeleryUnavailableError, from_url
@@ -522,3 +526,49 @@ def test_the_constructor_checks_its_arguments() -> None:
         CeleryPublisher(tasks.app, retry_policy={"retries": 3})
     with pytest.raises(ArgumentTypeError, match="queue_map"):
         CeleryPublisher(tasks.app, queue_map={"emails": ""})
+
+
+# -- the inbox on the consumer's side ----------------------------------------------------------
+
+
+def test_an_inbox_task_runs_once_per_message_delivered_twice(
+    pg_engine: Engine, publisher: CeleryPublisher, queue: str
+) -> None:
+    """Three messages, each delivered twice (the same task id, as a relay re-publishing after a
+    crash sends it): a real worker runs the inbox task six times, its body three, each once; the
+    inbox holds the three keys."""
+    inbox.metadata.create_all(pg_engine)
+    name = f"tests.inbox_once_{uuid.uuid4().hex[:8]}"
+    ran: list[int] = []
+    finished = threading.Condition()
+    done: list[str] = []
+
+    @inbox_task(tasks.app, sessionmaker(pg_engine), consumer="celery", name=name)
+    def record(session: Session, n: int) -> None:
+        ran.append(n)
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == name:
+            with finished:
+                done.append(name)
+                finished.notify_all()
+
+    task_postrun.connect(count, weak=False)
+    now = dt.datetime.now(dt.timezone.utc)
+    sent = [
+        OutboxMessage(uuid.uuid4(), name, queue, {"n": n}, uuid.uuid4().hex, 3, now, now)
+        for n in range(3)
+    ]
+    try:
+        with worker(tasks.app, queue):
+            publisher.publish_batch(sent + sent)
+            with finished:
+                assert finished.wait_for(lambda: len(done) >= 6, WAIT), done
+    finally:
+        task_postrun.disconnect(count)
+        tasks.app.tasks.unregister(name)
+    assert sorted(ran) == [0, 1, 2]
+    with Session(pg_engine) as session:
+        keys = session.scalars(select(inbox.InboxRow.key)).all()
+    assert sorted(keys) == sorted(m.idempotency_key for m in sent)
+    assert record.acks_late is True
