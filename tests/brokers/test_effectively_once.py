@@ -1,5 +1,5 @@
-"""Effectively once, end to end: 20,000 messages through Redis Streams while relays are killed
-with SIGKILL mid-batch, consumed through the inbox.
+"""Effectively once, end to end: 20,000 messages through Redis Streams, and through Kafka
+(Tansu), while relays are killed with SIGKILL mid-batch, consumed through the inbox.
 
 Relays publish at least once: a relay killed between the broker's confirm and its mark leaves
 its claim to be published again after the lease. Duplicates on the stream are expected and
@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import confluent_kafka
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,6 +28,8 @@ from support import REPO, WAIT, cli_env, reachable_redis, transaction, url_of, w
 
 import sqla_outbox as outbox
 from sqla_outbox import inbox
+
+from .tansu import Tansu, tansu_fixture  # noqa: F401 - importing registers the fixture
 
 pytestmark = pytest.mark.slow
 
@@ -70,11 +73,11 @@ def _stage(engine: Engine) -> None:
                 outbox.enqueue(session, "apply", {"n": n})
 
 
-def _relay(engine: Engine, stream: str, name: str) -> subprocess.Popen[bytes]:
+def _relay(engine: Engine, publisher: str, name: str) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "sqla_outbox.cli", "relay", "--claim-lease", "2",
         "--batch-size", "200", "--poll-interval", "0.05", "--relay-id", name,
-        "--publisher", f"{REDIS_URL}?stream={stream}",
+        "--publisher", publisher,
     ]  # fmt: skip
     return subprocess.Popen(
         command, env=cli_env(url=url_of(engine)), cwd=REPO,
@@ -101,11 +104,11 @@ def _consume(
                 client.xack(stream, GROUP, entry_id)
 
 
-def _kill_relays_until_published(engine: Engine, stream: str) -> int:
+def _kill_relays_until_published(engine: Engine, publisher: str) -> int:
     """Two relays at a time; every second the older one is killed with SIGKILL (mid-batch: a
     relay publishes a claim of 200 in well under a second) and replaced, :data:`KILLS` times or
     until nothing is pending. How many were killed."""
-    relays = [_relay(engine, stream, f"relay-{n}") for n in range(2)]
+    relays = [_relay(engine, publisher, f"relay-{n}") for n in range(2)]
     kills = 0
     try:
         while outbox.status(engine).pending and kills < KILLS:
@@ -114,7 +117,7 @@ def _kill_relays_until_published(engine: Engine, stream: str) -> int:
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(WAIT)
             kills += 1
-            relays.append(_relay(engine, stream, f"relay-{kills + 2}"))
+            relays.append(_relay(engine, publisher, f"relay-{kills + 2}"))
         wait_until(lambda: outbox.status(engine).pending == 0, "every row published")
     finally:
         for relay in relays:
@@ -142,7 +145,7 @@ def test_every_effect_applies_once_while_relays_are_killed(pg_engine: Engine) ->
         for consumer in consumers:
             consumer.start()
         try:
-            kills = _kill_relays_until_published(pg_engine, stream)
+            kills = _kill_relays_until_published(pg_engine, f"{REDIS_URL}?stream={stream}")
             on_stream = client.xlen(stream)
             wait_until(lambda: tally.delivered == on_stream, "every entry consumed", 120)
         finally:
@@ -151,12 +154,44 @@ def test_every_effect_applies_once_while_relays_are_killed(pg_engine: Engine) ->
                 consumer.join(WAIT)
             client.delete(stream)
 
-    with pg_engine.connect() as conn:
+    _assert_each_effect_once(pg_engine)
+    assert kills >= 3
+    assert on_stream >= MESSAGES
+    assert tally.absorbed == on_stream - MESSAGES  # every duplicate delivered was absorbed
+
+
+def _assert_each_effect_once(engine: Engine) -> None:
+    with engine.connect() as conn:
         times = conn.execute(select(applied.c.times, func.count()).group_by(applied.c.times))
         recorded = conn.execute(select(func.count()).select_from(inbox.InboxRow)).scalar_one()
         counts = dict(times.all())
-    assert kills >= 3
     assert counts == {1: MESSAGES}, "an effect applied twice, or not at all"
     assert recorded == MESSAGES
-    assert on_stream >= MESSAGES
-    assert tally.absorbed == on_stream - MESSAGES  # every duplicate delivered was absorbed
+
+
+def test_every_effect_applies_once_through_kafka(pg_engine: Engine, tansu: Tansu) -> None:
+    """The same through Kafka (Tansu): relays killed with SIGKILL while they produce to a topic
+    of three partitions; every record, duplicates included, read back by a consumer with
+    partition assignment and applied through the inbox, each key found with ``key_of`` on a
+    ``confluent_kafka.Message``."""
+    _stage(pg_engine)
+    topic = f"e2e-{uuid.uuid4().hex[:12]}"
+    tansu.create_topic(topic, 3)
+    kills = _kill_relays_until_published(pg_engine, tansu.url(topic=topic))
+    records = tansu.read(topic)
+
+    @inbox.handler(sessionmaker(pg_engine), consumer="e2e-kafka")
+    def apply(session: Session, record: confluent_kafka.Message) -> None:
+        n = json.loads(record.value())["n"]
+        session.execute(update(applied).where(applied.c.n == n).values(times=applied.c.times + 1))
+
+    absorbed = 0
+    for record in records:
+        headers = [(name, value.encode()) for name, value in record.headers.items()]
+        value = json.dumps(record.value).encode()
+        absorbed += not apply(confluent_kafka.Message(topic=topic, value=value, headers=headers))
+
+    _assert_each_effect_once(pg_engine)
+    assert kills >= 3
+    assert len(records) >= MESSAGES
+    assert absorbed == len(records) - MESSAGES
