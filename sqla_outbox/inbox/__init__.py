@@ -13,7 +13,8 @@ consumer's commit, that is effectively-once processing.
 * :func:`handler` wraps a consumer's ``fn(session, message)`` to run once per key, committing
   before the broker is acknowledged (:mod:`sqla_outbox.inbox.handling` has the ack order).
 * :func:`~sqla_outbox.inbox.celery.inbox_task` does the same for a Celery task (``acks_late``).
-* :func:`key_of` reads a message's key from what each bundled broker's client delivers.
+* :func:`key_of` reads a message's key from what each bundled broker's client delivers, and
+  :func:`fields_of` the other fields the relay sent with it.
 * :func:`purge` deletes old keys; its ``older_than`` is the deduplication window
   (:mod:`sqla_outbox.inbox.retention`).
 
@@ -21,7 +22,7 @@ consumer's commit, that is effectively-once processing.
 """
 
 from sqla_outbox.inbox.handling import handler
-from sqla_outbox.inbox.keys import key_of
+from sqla_outbox.inbox.keys import fields_of, key_of
 from sqla_outbox.inbox.model import KEY_LENGTH, SCHEMA_VERSION, TABLE_NAME, InboxRow, metadata
 from sqla_outbox.inbox.receiving import DEFAULT_CONSUMER, receive
 from sqla_outbox.inbox.retention import purge
@@ -32,6 +33,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TABLE_NAME",
     "InboxRow",
+    "fields_of",
     "handler",
     "key_of",
     "metadata",

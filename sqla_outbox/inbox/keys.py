@@ -19,12 +19,13 @@ What each client delivers, and where the key is in it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqla_outbox.errors import ArgumentTypeError, ConfigurationError
-from sqla_outbox.message import wire_name
+from sqla_outbox.message import OutboxMessage, WireField, wire_name
 from sqla_outbox.publishers import (
+    celery_tasks,
     http_webhook,
     kafka,
     nats_jetstream,
@@ -32,59 +33,89 @@ from sqla_outbox.publishers import (
     redis_streams,
 )
 
-__all__ = ["key_of"]
+__all__ = ["fields_of", "key_of"]
 
 _FIELD = "idempotency_key"
-_KAFKA = wire_name(kafka.WIRE_FIELDS, _FIELD)
-_NATS = wire_name(nats_jetstream.WIRE_FIELDS, _FIELD)
-_RABBITMQ = wire_name(rabbitmq.WIRE_FIELDS, _FIELD)
-_REDIS = wire_name(redis_streams.WIRE_FIELDS, _FIELD)
-_WEBHOOK = wire_name(http_webhook.WIRE_FIELDS, _FIELD)
+_KEY = OutboxMessage._fields.index(_FIELD)
+
+Table = tuple[WireField, ...]
+Lookup = Callable[[str], Any]
 
 
 def key_of(message: object) -> str:
     """The idempotency key of ``message`` as one of the bundled brokers' clients delivers it
-    (see the module docs); ``ValueError`` naming what was looked for when it has none."""
-    module = type(message).__module__
-    if module.startswith("confluent_kafka"):
-        found: Any = dict(message.headers() or ()).get(_KAFKA)  # type: ignore[attr-defined]
-        where = f"Kafka header {_KAFKA!r}"
-    elif module.startswith("nats"):
-        found = (getattr(message, "headers", None) or {}).get(_NATS)
-        where = f"NATS header {_NATS!r}"
-    elif module.startswith("pika"):
-        headers = getattr(message, "headers", None) or {}
-        found = headers.get(_RABBITMQ) or getattr(message, "message_id", None)
-        where = f"AMQP header {_RABBITMQ!r} or message_id"
-    elif module.startswith("celery"):
-        found = getattr(message, "id", None)
-        where = "the Celery task id"
-    elif isinstance(message, Mapping):
-        found, where = _from_mapping(message)
-    else:
-        raise ArgumentTypeError(
-            f"key_of reads a Celery task request, a Redis Streams entry's fields, pika "
-            f"BasicProperties, a NATS Msg, a Kafka Message or HTTP headers, got "
-            f"{type(message).__name__}."
-        )
-    if isinstance(found, bytes):
-        found = found.decode()
-    if not isinstance(found, str) or not found:
+    (see the module docs); ``ValueError`` naming where it was looked for when it has none."""
+    table, lookup, where = _reader(message)
+    name = wire_name(table, _FIELD)
+    found = _text(lookup(name))
+    if found is None and type(message).__module__.startswith("pika"):
+        found = _text(getattr(message, "message_id", None))  # the key is the AMQP message id too
+    if found is None and type(message).__module__.startswith("celery"):
+        found = _text(getattr(message, "id", None))  # and the Celery task id
+    if not found:
         raise ConfigurationError(
-            f"the message has no idempotency key in the {where} (got {found!r}): it was not "
+            f"the message has no idempotency key in its {where} {name!r}: it was not "
             "published by sqla-outbox, or through a publisher of another version."
         )
     return found
 
 
-def _from_mapping(fields: Mapping[Any, Any]) -> tuple[Any, str]:
-    """A Redis Streams entry's fields (by the Redis publisher's name, ``str`` or ``bytes``), or
-    HTTP headers (by the webhook's header name, in any case)."""
-    for name in (_REDIS, _REDIS.encode()):
-        if name in fields:
-            return fields[name], f"Redis Streams field {_REDIS!r}"
-    wanted = _WEBHOOK.lower()
-    for name, value in fields.items():
-        if isinstance(name, str) and name.lower() == wanted:
-            return value, f"HTTP header {_WEBHOOK!r}"
-    return None, f"Redis Streams field {_REDIS!r} or HTTP header {_WEBHOOK!r}"
+def fields_of(message: object) -> dict[str, Any]:
+    """The fields the relay sent with ``message``, by :class:`~sqla_outbox.OutboxMessage` field
+    name, as the broker delivered them (text from brokers whose headers hold text, bytes
+    decoded), read by the names in the publisher's ``WIRE_FIELDS``, as :func:`key_of` reads the
+    key. Fields the broker carries elsewhere (the body, a Kafka record's key, the Celery task
+    name and arguments) are not here: they are in the message itself. Unset optional fields are
+    absent, as the publisher left them out."""
+    table, lookup, _where = _reader(message)
+    found: dict[str, Any] = {}
+    for name, position, _spell, _optional in table:
+        value = lookup(name)
+        if value is not None:
+            found[OutboxMessage._fields[position]] = (
+                _text(value) if isinstance(value, bytes) else value
+            )
+    return found
+
+
+def _reader(message: object) -> tuple[Table, Lookup, str]:
+    """The wire table of the broker whose client delivered ``message``, how to look a name up in
+    it, and what that place is called (for errors)."""
+    module = type(message).__module__
+    if module.startswith("confluent_kafka"):
+        headers = dict(message.headers() or ())  # type: ignore[attr-defined]
+        return kafka.WIRE_FIELDS, headers.get, "Kafka header"
+    if module.startswith("nats"):
+        headers = getattr(message, "headers", None) or {}
+        return nats_jetstream.WIRE_FIELDS, headers.get, "NATS header"
+    if module.startswith("pika"):
+        headers = getattr(message, "headers", None) or {}
+        return rabbitmq.WIRE_FIELDS, headers.get, "AMQP header"
+    if module.startswith("celery"):
+        return celery_tasks.WIRE_FIELDS, lambda name: getattr(message, name, None), "task request's"
+    if isinstance(message, Mapping):
+        key = wire_name(redis_streams.WIRE_FIELDS, _FIELD)
+        if key in message or key.encode() in message:
+            fields = message
+            return (
+                redis_streams.WIRE_FIELDS,
+                lambda name: fields.get(name, fields.get(name.encode())),
+                "Redis Streams field",
+            )
+        lowered = {str(name).lower(): value for name, value in message.items()}
+        return (
+            http_webhook.WIRE_FIELDS,
+            lambda name: lowered.get(name.lower()),
+            "HTTP header",
+        )
+    raise ArgumentTypeError(
+        "key_of and fields_of read a Celery task request, a Redis Streams entry's fields, pika "
+        f"BasicProperties, a NATS Msg, a Kafka Message or HTTP headers, got "
+        f"{type(message).__name__}."
+    )
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode()
+    return value if isinstance(value, str) and value else None
