@@ -108,11 +108,6 @@ def _make_app(name: str, broker: str) -> Celery:
 
 
 app = _make_app("sqla_outbox_tests", REDIS_URL)
-
-E2E_URL = os.environ.get("SQLA_OUTBOX_TEST_CELERY_E2E_BROKER", "redis://127.0.0.1:6379/12")
-e2e_app = _make_app("sqla_outbox_tests_e2e", E2E_URL)
-"""An app on a Redis database no other test uses: the end-to-end test counts what is left in
-its queue and its ``unacked`` hash, which the transport keeps per database."""
 amqp_app = _make_app("sqla_outbox_tests_amqp", AMQP_URL)
 
 _made = itertools.count()

@@ -22,17 +22,13 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from support import REPO, WAIT, cli_env, reachable_redis, transaction, url_of, wait_until
 
 import sqla_outbox as outbox
 from sqla_outbox import inbox
-from sqla_outbox.inbox.celery import inbox_task
 
-from . import celery_app_for_tests as celery_tasks
 from .tansu import Tansu, tansu_fixture  # noqa: F401 - importing registers the fixture
 
 pytestmark = pytest.mark.slow
@@ -65,7 +61,7 @@ class Tally:
             self.absorbed += absorbed
 
 
-def _stage(engine: Engine, *, job: str = "apply", queue: str | None = None) -> None:
+def _stage(engine: Engine) -> None:
     """The effects' counters at 0, and one message per effect, 100 to a transaction."""
     inbox.metadata.create_all(engine)
     effects.create_all(engine)
@@ -74,7 +70,7 @@ def _stage(engine: Engine, *, job: str = "apply", queue: str | None = None) -> N
     for start in range(0, MESSAGES, PER_TRANSACTION):
         with transaction(engine) as session:
             for n in range(start, start + PER_TRANSACTION):
-                outbox.enqueue(session, job, {"n": n}, queue=queue)
+                outbox.enqueue(session, "apply", {"n": n})
 
 
 def _relay(engine: Engine, publisher: str, name: str) -> subprocess.Popen[bytes]:
@@ -199,52 +195,3 @@ def test_every_effect_applies_once_through_kafka(pg_engine: Engine, tansu: Tansu
     assert kills >= 3
     assert len(records) >= MESSAGES
     assert absorbed == len(records) - MESSAGES
-
-
-def test_every_celery_task_body_runs_once_while_relays_are_killed(pg_engine: Engine) -> None:
-    """The same through Celery: relays killed with SIGKILL publish tasks (the task id is the
-    key) to a real worker, whose inbox task applies each effect once and absorbs every
-    duplicate delivery."""
-    queue = f"e2e_{uuid.uuid4().hex[:10]}"
-    name = f"tests.e2e_apply_{uuid.uuid4().hex[:8]}"
-    _stage(pg_engine, job=name, queue=queue)
-    tally = Tally()
-
-    bodies = Tally()  # the task bodies that ran (the inbox let them through)
-
-    @inbox_task(celery_tasks.e2e_app, sessionmaker(pg_engine), consumer="e2e-celery", name=name)
-    def apply(session: Session, n: int) -> None:
-        session.execute(update(applied).where(applied.c.n == n).values(times=applied.c.times + 1))
-        bodies.count(absorbed=False)
-
-    def delivered(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "name", None) == name:
-            tally.count(absorbed=False)
-
-    task_postrun.connect(delivered, weak=False)
-    try:
-        with reachable_redis(celery_tasks.E2E_URL) as client:
-
-            def drained() -> bool:
-                return not client.llen(queue) and not client.hlen("unacked")
-
-            with start_worker(
-                celery_tasks.e2e_app,
-                perform_ping_check=False,
-                pool="threads",
-                concurrency=CONSUMERS,
-                queues=[queue],
-            ):
-                kills = _kill_relays_until_published(
-                    pg_engine, "celery:tests.brokers.celery_app_for_tests:e2e_app"
-                )
-                wait_until(drained, "every task run and acknowledged", 240)
-            client.flushdb()
-    finally:
-        task_postrun.disconnect(delivered)
-        celery_tasks.e2e_app.tasks.unregister(name)
-
-    _assert_each_effect_once(pg_engine)
-    assert kills >= 3
-    assert tally.delivered >= MESSAGES
-    assert bodies.delivered == MESSAGES  # every other delivery was a duplicate, absorbed
