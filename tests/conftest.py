@@ -24,6 +24,7 @@ slow"`` is the fast tier, which needs no service and not even the database test 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from collections.abc import Iterator
@@ -305,3 +306,25 @@ def make_relay() -> Iterator[MakeRelay]:
     for relay in made:
         relay.stop()
         relay.close()  # stop() closes only a relay that was started; close() is idempotent
+
+
+FIND_LEAKS = bool(os.environ.get("SQLA_OUTBOX_TEST_FIND_LEAKS"))
+"""``SQLA_OUTBOX_TEST_FIND_LEAKS=1``: psycopg's warning for a connection left open is an error
+again (``pyproject.toml`` ignores it by default, as it fails whichever test the garbage
+collector happens to run in), and garbage is collected after each test, so a test that leaked
+a connection fails itself."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if FIND_LEAKS:  # added last, so it takes precedence over the ignore in pyproject.toml
+        config.addinivalue_line(
+            "filterwarnings", "error:.*was deleted while still open.*:ResourceWarning"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _leaked_connections() -> Iterator[None]:
+    """See :data:`FIND_LEAKS`."""
+    yield
+    if FIND_LEAKS:
+        gc.collect()
