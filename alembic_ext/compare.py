@@ -57,7 +57,7 @@ finds the module already imported).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import Any
 
@@ -86,7 +86,12 @@ except ImportError:  # pragma: no cover - Alembic 1.13 to 1.17
 else:
     _HAS_PRIORITIES = True
 
-__all__ = ["compare_outbox_table", "is_outbox_table", "outbox_version"]
+__all__ = [
+    "compare_outbox_table",
+    "is_outbox_table",
+    "outbox_version",
+    "register_schema_comparator",
+]
 
 _SUBGROUP = "sqla_outbox"
 
@@ -351,26 +356,39 @@ def compare_outbox_table(
     autogen_context: AutogenContext,
     upgrade_ops: ops.UpgradeOps,
     schemas: Iterable[str | None],
-) -> Any:
+) -> None:
     """Schema-level comparator: rewrite the outbox's raw table operations into the custom ops.
 
     Runs once per autogenerate pass after Alembic's table comparison, so ``upgrade_ops`` already
     holds every ``CreateTableOp``/``DropTableOp`` Alembic decided on; ``schemas`` is unused
-    because those operations carry their own schema. Returns ``PriorityDispatchResult.CONTINUE``
-    on Alembic 1.18+ (``None`` before, where the return value is ignored) so no other comparator
-    is skipped.
+    because those operations carry their own schema.
     """
     _rewrite(autogen_context, upgrade_ops)
-    return PriorityDispatchResult.CONTINUE if _HAS_PRIORITIES else None
 
 
-def _register() -> None:
-    if _HAS_PRIORITIES:
-        comparators.dispatch_for("schema", priority=DispatchPriority.LAST, subgroup=_SUBGROUP)(
-            compare_outbox_table
-        )
-    else:  # pragma: no cover - Alembic 1.13 to 1.17
-        comparators.dispatch_for("schema")(compare_outbox_table)
+Comparator = Callable[[AutogenContext, ops.UpgradeOps, Iterable[str | None]], None]
 
 
-_register()
+def register_schema_comparator(comparator: Comparator, subgroup: str) -> None:
+    """Register ``comparator`` in Alembic's global registry at the ``"schema"`` level (see the
+    module docs), to run after Alembic's own table comparison. On Alembic 1.18+ it runs at
+    ``DispatchPriority.LAST`` in ``subgroup`` and answers ``PriorityDispatchResult.CONTINUE``,
+    so no other comparator is skipped; before 1.18 the return value is ignored."""
+    if not _HAS_PRIORITIES:  # pragma: no cover - Alembic 1.13 to 1.17
+        comparators.dispatch_for("schema")(comparator)
+        return
+
+    def continuing(
+        autogen_context: AutogenContext,
+        upgrade_ops: ops.UpgradeOps,
+        schemas: Iterable[str | None],
+    ) -> Any:
+        comparator(autogen_context, upgrade_ops, schemas)
+        return PriorityDispatchResult.CONTINUE
+
+    comparators.dispatch_for("schema", priority=DispatchPriority.LAST, subgroup=subgroup)(
+        continuing
+    )
+
+
+register_schema_comparator(compare_outbox_table, _SUBGROUP)

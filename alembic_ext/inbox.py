@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from alembic.autogenerate import comparators, renderers
+from alembic.autogenerate import renderers
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import MigrateOperation, Operations, ops
 from sqlalchemy import MetaData, Table
 
-from alembic_ext.compare import _HAS_PRIORITIES, _SUBGROUP
-from alembic_ext.render import _call, _schema
+from alembic_ext.compare import register_schema_comparator
+from alembic_ext.render import render_call, schema_argument
 from sqla_outbox.errors import ConfigurationError
 from sqla_outbox.inbox.model import SCHEMA_VERSION, TABLE_NAME, inbox_table
 
@@ -105,15 +105,15 @@ def drop_inbox_table(operations: Operations, operation: DropInboxTableOp) -> Non
 @renderers.dispatch_for(CreateInboxTableOp)
 def render_create_inbox_table(autogen_context: AutogenContext, op: CreateInboxTableOp) -> str:
     """``op.create_inbox_table(version=N)``: the version always written out."""
-    return _call(
-        autogen_context, "create_inbox_table", f"version={op.version!r}", _schema(op.schema)
+    return render_call(
+        autogen_context, "create_inbox_table", f"version={op.version!r}", schema_argument(op.schema)
     )
 
 
 @renderers.dispatch_for(DropInboxTableOp)
 def render_drop_inbox_table(autogen_context: AutogenContext, op: DropInboxTableOp) -> str:
     """``op.drop_inbox_table()`` (``schema=...`` only when one is set)."""
-    return _call(autogen_context, "drop_inbox_table", _schema(op.schema))
+    return render_call(autogen_context, "drop_inbox_table", schema_argument(op.schema))
 
 
 def _is_inbox(table: Table | None) -> bool:
@@ -155,7 +155,7 @@ def compare_inbox_table(
     autogen_context: AutogenContext,
     upgrade_ops: ops.UpgradeOps,
     schemas: Iterable[str | None],
-) -> Any:
+) -> None:
     """Schema-level comparator: the inbox's raw ``create_table``/``drop_table`` (and its index
     operations) become :class:`CreateInboxTableOp`/:class:`DropInboxTableOp`."""
     touched: set[str | None] = set()
@@ -172,18 +172,6 @@ def compare_inbox_table(
             continue
         rewritten.append(op)
     upgrade_ops.ops = _without_index_ops(rewritten, touched) if touched else rewritten
-    if _HAS_PRIORITIES:
-        from alembic.util import PriorityDispatchResult  # noqa: PLC0415 - Alembic 1.18+
-
-        return PriorityDispatchResult.CONTINUE
-    return None
 
 
-if _HAS_PRIORITIES:
-    from alembic.util import DispatchPriority
-
-    comparators.dispatch_for(
-        "schema", priority=DispatchPriority.LAST, subgroup=f"{_SUBGROUP}_inbox"
-    )(compare_inbox_table)
-else:  # pragma: no cover - Alembic 1.13 to 1.17
-    comparators.dispatch_for("schema")(compare_inbox_table)
+register_schema_comparator(compare_inbox_table, "sqla_outbox_inbox")

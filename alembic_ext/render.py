@@ -20,9 +20,11 @@ from alembic_ext.ops import CreateOutboxTableOp, DropOutboxTableOp, UpgradeOutbo
 
 __all__ = [
     "IMPORT_LINE",
+    "render_call",
     "render_create_outbox_table",
     "render_drop_outbox_table",
     "render_upgrade_outbox_table",
+    "schema_argument",
 ]
 
 #: Added to a generated migration's imports; ``noqa`` because the import is used for its effect.
@@ -35,39 +37,45 @@ def _prefix(autogen_context: AutogenContext) -> str:
     return prefix if isinstance(prefix, str) else "op."
 
 
-def _call(autogen_context: AutogenContext, name: str, *arguments: str | None) -> str:
+def render_call(autogen_context: AutogenContext, name: str, *arguments: str | None) -> str:
+    """``op.<name>(<arguments>)`` (``None`` arguments left out), with ``import alembic_ext``
+    added to the script's imports: how every operation of this package is written."""
     autogen_context.imports.add(IMPORT_LINE)
     written = ", ".join(argument for argument in arguments if argument is not None)
     return f"{_prefix(autogen_context)}{name}({written})"
 
 
-def _schema(schema: str | None) -> str | None:
+def schema_argument(schema: str | None) -> str | None:
+    """``schema=...`` when the table is outside the default schema, else nothing."""
     return None if schema is None else f"schema={schema!r}"
 
 
 @renderers.dispatch_for(CreateOutboxTableOp)
 def render_create_outbox_table(autogen_context: AutogenContext, op: CreateOutboxTableOp) -> str:
     """Render ``op.create_outbox_table(version=N)`` (``schema=...`` only when one is set)."""
-    return _call(
-        autogen_context, "create_outbox_table", f"version={op.version!r}", _schema(op.schema)
+    return render_call(
+        autogen_context,
+        "create_outbox_table",
+        f"version={op.version!r}",
+        schema_argument(op.schema),
     )
 
 
 @renderers.dispatch_for(DropOutboxTableOp)
 def render_drop_outbox_table(autogen_context: AutogenContext, op: DropOutboxTableOp) -> str:
     """Render ``op.drop_outbox_table(version=N)`` (``schema=...`` only when one is set)."""
-    return _call(
-        autogen_context, "drop_outbox_table", f"version={op.version!r}", _schema(op.schema)
+    return render_call(
+        autogen_context, "drop_outbox_table", f"version={op.version!r}", schema_argument(op.schema)
     )
 
 
 @renderers.dispatch_for(UpgradeOutboxTableOp)
 def render_upgrade_outbox_table(autogen_context: AutogenContext, op: UpgradeOutboxTableOp) -> str:
     """Render ``op.upgrade_outbox_table(FROM, TO)`` (``schema=...`` only when one is set)."""
-    return _call(
+    return render_call(
         autogen_context,
         "upgrade_outbox_table",
         repr(op.from_version),
         repr(op.to_version),
-        _schema(op.schema),
+        schema_argument(op.schema),
     )

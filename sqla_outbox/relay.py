@@ -272,6 +272,7 @@ class Relay:
         metrics = relay_metrics(self, registry)  # imports prometheus_client only if installed
         if metrics is not None:
             self.observe(metrics)
+        self._table_checked = False  # check() passed: start() and run() need not repeat it
         self.max_backoff = MAX_BACKOFF
         """Seconds, the longest the loop waits before retrying after a database error or a broker
         outage (default :data:`MAX_BACKOFF`). It is part of :attr:`liveness_bound`; set it before
@@ -577,6 +578,7 @@ class Relay:
         needed_by = "the relay" if self.retention is None else "the relay with retain_published"
         with self.engine.connect() as conn:
             check_outbox_table(conn, privileges, needed_by=needed_by)
+        self._table_checked = True
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -596,8 +598,11 @@ class Relay:
         self._thread.start()
 
     def _refuse_unusable_table(self) -> None:
-        """:meth:`check`, except that a database error (unreachable, failing over) is left to
-        the loop, which logs it and retries."""
+        """:meth:`check`, unless it has passed already (the command line checks before it
+        runs), except that a database error (unreachable, failing over) is left to the loop,
+        which logs it and retries."""
+        if self._table_checked:
+            return
         try:
             self.check()
         except SQLAlchemyError:

@@ -152,31 +152,41 @@ def _connect(url: URL, dbname: str) -> psycopg.Connection[Any]:
     )
 
 
+_END_OTHERS = (
+    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+"""End every other connection to the connection's database, waiting (up to 10 s each) until
+it is gone, so that nothing a previous test left holds a lock or shows in
+``pg_stat_activity``."""
+
+
 def _end_other_connections(url: URL) -> None:
-    """End every other connection to ``url``'s database, waiting (up to 10 s each) until it is
-    gone, so that nothing a previous test left holds a lock or shows in ``pg_stat_activity``."""
-    with _connect(url, "postgres") as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (url.database,),
-        )
+    """:data:`_END_OTHERS` on ``url``'s database, before it is dropped."""
+    with _connect(url, str(url.database)) as conn:
+        conn.execute(_END_OTHERS)
 
 
 def _empty(url: URL) -> None:
     """``url``'s database as a new one is: no other connection, no schema but an empty
     ``public`` (owned by ``pg_database_owner``, usable by every role, as PostgreSQL 15 makes
-    it)."""
-    _end_other_connections(url)
+    it). One connection, three round trips: this runs before every PostgreSQL test."""
     with _connect(url, str(url.database)) as conn:
+        conn.execute(_END_OTHERS)
         schemas = conn.execute(
             "SELECT nspname FROM pg_namespace "
             "WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'"
         ).fetchall()
-        for (schema,) in schemas:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-        conn.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
-        conn.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
+        drop = sql.SQL("DROP SCHEMA {} CASCADE; ").format(
+            sql.SQL(", ").join(sql.Identifier(schema) for (schema,) in schemas)
+        )
+        conn.execute(
+            (drop if schemas else sql.SQL(""))
+            + sql.SQL(
+                "CREATE SCHEMA public AUTHORIZATION pg_database_owner; "
+                "GRANT USAGE ON SCHEMA public TO PUBLIC"
+            )
+        )
 
 
 @pytest.fixture

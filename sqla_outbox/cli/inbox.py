@@ -4,19 +4,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 import click
+from sqlalchemy.engine import Engine
 
-from sqla_outbox.cli.common import (
-    DurationType,
-    database_errors,
-    engine_for,
-    env,
-    plural,
-    require_url,
-    url_option,
-)
-from sqla_outbox.retention import PURGE_BATCH_SIZE, format_duration
+from sqla_outbox.cli.common import url_option
+from sqla_outbox.cli.purging import purge_options, run_purge
 
 __all__ = ["inbox"]
 
@@ -28,24 +22,11 @@ def inbox() -> None:
 
 @inbox.command("purge")
 @url_option
-@click.option(
-    "--older-than",
-    type=DurationType(),
-    envvar=env("INBOX_OLDER_THAN"),
-    show_envvar=True,
-    metavar="DURATION",
-    help="Delete the keys received longer ago than this (90s, 15m, 12h, 7d or 2w): the "
+@purge_options(
+    "INBOX_",
+    "Delete the keys received longer ago than this (90s, 15m, 12h, 7d or 2w): the "
     "deduplication window. A duplicate that arrives after its key is gone is processed again.",
-)
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=PURGE_BATCH_SIZE,
-    show_default=True,
-    envvar=env("INBOX_PURGE_BATCH_SIZE"),
-    show_envvar=True,
-    metavar="N",
-    help="Keys deleted per transaction.",
+    "keys",
 )
 @click.pass_context
 def purge_keys(
@@ -56,20 +37,25 @@ def purge_keys(
     In batches of their own short transactions, so consumers carry on meanwhile: run it beside
     them, e.g. daily from cron, with a window longer than any redelivery.
     """
+    return run_purge(
+        ctx,
+        url,
+        older_than,
+        batch_size,
+        prefix="INBOX_",
+        purge=_purge,
+        event="inbox.purge_progress",
+        what="inbox key",
+        doing="while purging inbox keys",
+        fix="The batches deleted before it stay deleted; run the purge again for the rest.",
+    )
+
+
+def _purge(
+    engine: Engine, older_than: dt.timedelta, batch_size: int, on_batch: Callable[[int], object]
+) -> int:
     from sqla_outbox import inbox as inbox_module  # noqa: PLC0415 - only this command needs it
 
-    if older_than is None:
-        raise click.UsageError(
-            f"Missing option '--older-than'. Pass e.g. --older-than 7d, or set "
-            f"{env('INBOX_OLDER_THAN')}.",
-            ctx,
-        )
-    database_url = require_url(ctx, url)
-    engine = engine_for(ctx, database_url)
-    try:
-        with database_errors(database_url, "while purging inbox keys"):
-            deleted = inbox_module.purge(engine, older_than=older_than, batch_size=batch_size)
-    finally:
-        engine.dispose()
-    click.echo(f"Purged {plural(deleted, 'inbox key')} older than {format_duration(older_than)}.")
-    return 0
+    return inbox_module.purge(
+        engine, older_than=older_than, batch_size=batch_size, on_batch=on_batch
+    )

@@ -14,6 +14,7 @@ meanwhile. "Ago" is by the clock that rules the database (:mod:`sqla_outbox.cloc
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from sqlalchemy import Engine, delete, select, tuple_
 from sqlalchemy.engine import URL
@@ -31,12 +32,14 @@ def purge(
     *,
     older_than: dt.timedelta,
     batch_size: int = PURGE_BATCH_SIZE,
+    on_batch: Callable[[int], object] | None = None,
 ) -> int:
     """Delete the keys received more than ``older_than`` ago; return how many (module docs).
 
     :param bind: an ``Engine`` or a database URL.
     :param older_than: a positive ``timedelta``: the deduplication window.
     :param batch_size: keys per transaction.
+    :param on_batch: called with the keys each committed batch deleted (progress).
     """
     older_than = resolve_older_than(older_than)
     batch_size = resolve_purge_batch_size(batch_size)
@@ -52,6 +55,9 @@ def purge(
                 if batch:
                     pairs = [tuple(row) for row in batch]
                     gone = delete(table).where(tuple_(table.c.consumer, table.c.key).in_(pairs))
-                    deleted += conn.execute(gone).rowcount
+                    removed = conn.execute(gone).rowcount
+                    deleted += removed
+            if batch and on_batch is not None:
+                on_batch(removed)
             if len(batch) < batch_size:
                 return deleted
